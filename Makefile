@@ -1,0 +1,66 @@
+# Statefleet: `make demo` and `make test` do all set-up on a fresh machine.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+VENV := .venv
+PY := $(VENV)/bin/python
+export KUBECONFIG ?= $(CURDIR)/.testbed/kubeconfig
+
+# Debian packages the test bed and the tests need.
+DEBIAN_PACKAGES := containerd runc containernetworking-plugins debootstrap iptables conntrack \
+	iproute2 openssl curl ca-certificates gcc libc6-dev python3-venv postgresql-client
+
+.PHONY: help
+help: ## list the targets
+	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
+
+.PHONY: deps
+deps: debian-packages $(VENV)/.installed ## install what the project needs (Debian packages, Python venv)
+
+.PHONY: debian-packages
+debian-packages:
+	@missing=$$(dpkg-query -W -f='$${Package} $${Status}\n' $(DEBIAN_PACKAGES) 2>/dev/null | grep -v ' installed$$' | cut -d' ' -f1; \
+	  for p in $(DEBIAN_PACKAGES); do dpkg-query -W $$p >/dev/null 2>&1 || echo $$p; done); \
+	missing=$$(echo $$missing | tr ' ' '\n' | sort -u | tr '\n' ' '); \
+	if [ -n "$${missing// }" ]; then \
+	  echo "installing Debian packages: $$missing"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
+	fi
+
+$(VENV)/.installed: pyproject.toml
+	@test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	@touch $@
+
+.PHONY: testbed-up
+testbed-up: deps ## start the local Kubernetes test bed (builds what is missing)
+	testbed/up.sh
+
+.PHONY: testbed-down
+testbed-down: ## stop the test bed and remove everything it made on the host
+	testbed/down.sh
+
+.PHONY: demo
+demo: testbed-up ## bring the test bed up and run the demo
+	$(PY) -m e2e.demo
+
+.PHONY: lint
+lint: deps ## ruff check and format check
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+.PHONY: unit
+unit: deps ## unit tests (no cluster)
+	$(PY) -m pytest -m unit
+
+.PHONY: e2e
+e2e: testbed-up ## integration and e2e tests on the test bed
+	$(PY) -m pytest -m 'integration or e2e'
+
+.PHONY: test
+test: lint unit e2e ## every test: lint, unit, then integration and e2e on the test bed
+
+.PHONY: bench
+bench: testbed-up ## benchmarks (figures and ratios against an in-run baseline)
+	$(PY) -m pytest e2e/bench -m slow -s

@@ -1,0 +1,27 @@
+"""Fixtures for tests that run on a real cluster: the test bed, or KUBECONFIG's."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import pytest
+from lightkube import Client
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.core_v1 import Namespace
+
+from e2e import kube as kube_helpers
+
+
+@pytest.fixture(scope="session")
+def kube() -> Client:
+    return kube_helpers.client()
+
+
+@pytest.fixture
+def namespace(kube: Client, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A fresh namespace per test, deleted afterwards with everything in it."""
+    name = f"t-{request.node.name[:40].lower().replace('_', '-').strip('-')}-{uuid.uuid4().hex[:5]}"
+    kube.create(Namespace(metadata=ObjectMeta(name=name, labels={"statefleet.dev/test": "true"})))
+    yield name
+    kube_helpers.delete_namespace(kube, name, wait=180)

@@ -1,0 +1,90 @@
+"""Small helpers for tests and the demo that talk to a real cluster (the test bed, or
+whatever cluster KUBECONFIG names)."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+from lightkube import Client, KubeConfig
+from lightkube.core.exceptions import ApiError
+from lightkube.resources.core_v1 import Namespace, Pod
+
+REPO = Path(__file__).resolve().parent.parent
+T = TypeVar("T")
+
+
+def kubeconfig_path() -> Path:
+    """KUBECONFIG if set (another cluster), else the test bed's."""
+    return Path(os.environ.get("KUBECONFIG") or REPO / ".testbed" / "kubeconfig")
+
+
+def client() -> Client:
+    path = kubeconfig_path()
+    if not path.exists():
+        raise RuntimeError(f"no kubeconfig at {path}: run `make testbed-up` or set KUBECONFIG")
+    return Client(config=KubeConfig.from_file(str(path)), field_manager="statefleet-tests")
+
+
+def wait_until(what: str, probe: Callable[[], T | None], timeout: float, interval: float = 0.5) -> T:
+    """Polls `probe` until it returns something truthy; fails naming `what` and the last value."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while True:
+        last = probe()
+        if last:
+            return last
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
+        time.sleep(interval)
+
+
+def pod_is_ready(pod: Pod) -> bool:
+    conditions = (pod.status and pod.status.conditions) or []
+    return any(c.type == "Ready" and c.status == "True" for c in conditions)
+
+
+def wait_pod_ready(kube: Client, name: str, namespace: str, timeout: float = 120) -> Pod:
+    def ready() -> Pod | None:
+        try:
+            pod = kube.get(Pod, name, namespace=namespace)
+        except ApiError as error:
+            if error.status.code == 404:
+                return None
+            raise
+        return pod if pod_is_ready(pod) else None
+
+    return wait_until(f"pod {namespace}/{name} Ready", ready, timeout)
+
+
+def wait_pod_finished(kube: Client, name: str, namespace: str, timeout: float = 120) -> Pod:
+    def finished() -> Pod | None:
+        pod = kube.get(Pod, name, namespace=namespace)
+        return pod if pod.status and pod.status.phase in {"Succeeded", "Failed"} else None
+
+    return wait_until(f"pod {namespace}/{name} to finish", finished, timeout)
+
+
+def pod_logs(kube: Client, name: str, namespace: str) -> str:
+    return "\n".join(kube.log(name, namespace=namespace))
+
+
+def delete_namespace(kube: Client, name: str, wait: float = 120) -> None:
+    try:
+        kube.delete(Namespace, name)
+    except ApiError as error:
+        if error.status.code != 404:
+            raise
+        return
+
+    def gone() -> bool:
+        try:
+            kube.get(Namespace, name)
+        except ApiError as error:
+            return error.status.code == 404
+        return False
+
+    wait_until(f"namespace {name} deleted", gone, wait)

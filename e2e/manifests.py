@@ -1,0 +1,116 @@
+"""Manifests the test bed's proofs and the demo apply: plain dicts, built by pure functions."""
+
+from __future__ import annotations
+
+from typing import Any
+
+POSTGRES_15 = "localhost/statefleet/postgres:15"
+
+
+def postgres_container(password: str, image: str = POSTGRES_15) -> dict[str, Any]:
+    return {
+        "name": "postgres",
+        "image": image,
+        "imagePullPolicy": "IfNotPresent",
+        "env": [{"name": "POSTGRES_PASSWORD", "value": password}],
+        "ports": [{"name": "postgres", "containerPort": 5432}],
+        "readinessProbe": {
+            "exec": {"command": ["pg_isready", "-U", "postgres", "-h", "127.0.0.1"]},
+            "periodSeconds": 1,
+            "failureThreshold": 3,
+        },
+        "volumeMounts": [{"name": "data", "mountPath": "/var/lib/postgresql/data"}],
+    }
+
+
+def postgres_pod(name: str, password: str, labels: dict[str, str]) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {
+            "terminationGracePeriodSeconds": 5,
+            "containers": [postgres_container(password)],
+            "volumes": [{"name": "data", "emptyDir": {}}],
+        },
+    }
+
+
+def service(name: str, selector: dict[str, str], port: int, headless: bool = False) -> dict[str, Any]:
+    spec: dict[str, Any] = {"selector": selector, "ports": [{"name": "main", "port": port}]}
+    if headless:
+        spec["clusterIP"] = "None"
+    return {"apiVersion": "v1", "kind": "Service", "metadata": {"name": name}, "spec": spec}
+
+
+def psql_client_pod(name: str, uri: str, sql: str) -> dict[str, Any]:
+    """A one-shot pod that runs `sql` through psql against `uri` and prints the result."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "restartPolicy": "Never",
+            "containers": [
+                {
+                    "name": "psql",
+                    "image": POSTGRES_15,
+                    "imagePullPolicy": "IfNotPresent",
+                    "command": ["psql", uri, "-v", "ON_ERROR_STOP=1", "-tAc", sql],
+                }
+            ],
+        },
+    }
+
+
+def postgres_statefulset(name: str, password: str, replicas: int = 1, storage: str = "1Gi") -> dict[str, Any]:
+    labels = {"app": name}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {
+            "replicas": replicas,
+            "serviceName": name,
+            "selector": {"matchLabels": labels},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {"terminationGracePeriodSeconds": 5, "containers": [postgres_container(password)]},
+            },
+            "volumeClaimTemplates": [
+                {
+                    "metadata": {"name": "data"},
+                    "spec": {
+                        "accessModes": ["ReadWriteOnce"],
+                        "resources": {"requests": {"storage": storage}},
+                    },
+                }
+            ],
+        },
+    }
+
+
+def kwok_statefulset(name: str, replicas: int) -> dict[str, Any]:
+    """A StatefulSet whose pods land only on kwok's simulated nodes."""
+    labels = {"app": name}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {
+            "replicas": replicas,
+            "serviceName": name,
+            "podManagementPolicy": "Parallel",
+            "selector": {"matchLabels": labels},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {
+                    "nodeSelector": {"type": "kwok"},
+                    "tolerations": [
+                        {"key": "kwok.x-k8s.io/node", "operator": "Exists", "effect": "NoSchedule"}
+                    ],
+                    "containers": [{"name": "app", "image": "localhost/statefleet/pause:3.10.2"}],
+                },
+            },
+        },
+    }

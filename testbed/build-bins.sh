@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Builds the test bed's Go programs from the Go module proxy, each into a versioned
+# folder of the cache; a folder whose stamp matches its recipe is left alone.
+source "$(dirname "$0")/lib.sh"
+
+GO_LDFLAGS_BASE="-s -w"
+
+# build_once OUT_DIR GOMOD_DIR LDFLAGS PACKAGE...
+build_once() {
+  local out=$1 moddir=$2 ldflags=$3
+  shift 3
+  local stamp
+  stamp=$(recipe_hash "$moddir/go.mod" "$moddir/go.sum" "$TESTBED_SRC/build-bins.sh")
+  if [[ -f $out/.stamp && $(cat "$out/.stamp") == "$stamp" ]]; then
+    return 0
+  fi
+  log "building $(basename "$out") (first time takes minutes: it compiles from source)"
+  mkdir -p "$out"
+  local started=$SECONDS
+  (cd "$moddir" && go build -trimpath -ldflags "$ldflags" -o "$out/" "$@")
+  echo "$stamp" >"$out/.stamp"
+  log "built $(basename "$out") in $((SECONDS - started))s"
+}
+
+kube_ldflags=$GO_LDFLAGS_BASE
+for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+  minor=${KUBE_VERSION#1.}
+  minor=${minor%%.*}
+  kube_ldflags+=" -X $pkg.gitVersion=v$KUBE_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor -X $pkg.gitTreeState=clean"
+done
+build_once "$KUBE_BIN" "$TESTBED_SRC/gomod/kube" "$kube_ldflags" \
+  ./etcd \
+  k8s.io/kubernetes/cmd/kube-apiserver \
+  k8s.io/kubernetes/cmd/kube-controller-manager \
+  k8s.io/kubernetes/cmd/kube-scheduler \
+  k8s.io/kubernetes/cmd/kubelet \
+  k8s.io/kubernetes/cmd/kube-proxy \
+  k8s.io/kubernetes/cmd/kubectl
+
+# Static: the binary goes alone into its container image.
+CGO_ENABLED=0 build_once "$COREDNS_BIN" "$TESTBED_SRC/gomod/coredns" "$GO_LDFLAGS_BASE" github.com/coredns/coredns
+CGO_ENABLED=0 build_once "$KWOK_BIN" "$TESTBED_SRC/gomod/kwok" \
+  "$GO_LDFLAGS_BASE -X sigs.k8s.io/kwok/pkg/consts.Version=v$KWOK_VERSION" sigs.k8s.io/kwok/cmd/kwok
+
+mkdir -p "$TB/bin"
+ln -sfn "$KUBE_BIN/kubectl" "$KUBECTL"

@@ -1,0 +1,10 @@
+// etcd, built from the same module graph as the Kubernetes release it serves.
+package main
+
+import (
+	"os"
+
+	"go.etcd.io/etcd/server/v3/etcdmain"
+)
+
+func main() { etcdmain.Main(os.Args) }

@@ -1,0 +1,63 @@
+# Shared settings for the test bed scripts. Sourced, never run.
+# shellcheck shell=bash
+set -euo pipefail
+
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+TESTBED_SRC=$REPO/testbed
+TB=$REPO/.testbed                                   # repo-local state (git-ignored)
+CACHE=${STATEFLEET_CACHE:-$HOME/.cache/statefleet}  # build caches, kept across runs
+# Runtime state that must not depend on the checkout: a killed run in another clone
+# leaves its sockets, mounts and containers here, and the next run finds them.
+RUN=/run/statefleet
+
+KUBE_VERSION=1.37.2
+ETCD_VERSION=3.7.0 # the etcd that k8s.io/kubernetes v$KUBE_VERSION requires
+COREDNS_VERSION=1.14.2
+KWOK_VERSION=0.8.0
+
+KUBE_BIN=$CACHE/bin/kube-v$KUBE_VERSION
+COREDNS_BIN=$CACHE/bin/coredns-v$COREDNS_VERSION
+KWOK_BIN=$CACHE/bin/kwok-v$KWOK_VERSION
+
+# One node bridge carries the pods, the node address and the API server: it is
+# internal to this machine, so nothing listens on an outside interface.
+BRIDGE=statefleet0
+NODE_IP=10.244.0.1
+POD_CIDR=10.244.0.0/16
+NODE_POD_RANGE_START=10.244.1.2
+NODE_POD_RANGE_END=10.244.255.254
+SERVICE_CIDR=10.96.0.0/16
+KUBERNETES_SERVICE_IP=10.96.0.1
+DNS_SERVICE_IP=10.96.0.10
+CLUSTER_DOMAIN=cluster.local
+NODE_NAME=testbed-node
+API_PORT=6443
+ETCD_CLIENT_PORT=2379
+ETCD_PEER_PORT=2380
+
+CONTAINERD_SOCK=$RUN/containerd.sock
+CTR=(ctr --address "$CONTAINERD_SOCK" --namespace k8s.io)
+KUBECONFIG_ADMIN=$TB/kubeconfig
+KUBECTL=$TB/bin/kubectl
+
+log() { printf '%s testbed: %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+die() {
+  log "ERROR: $*"
+  exit 1
+}
+
+# Pinned tool versions into a Go module directory and a stamp naming what was built.
+recipe_hash() { cat "$@" | sha256sum | cut -c1-16; }
+
+kubectl_admin() { "$KUBECTL" --kubeconfig "$KUBECONFIG_ADMIN" "$@"; }
+
+# wait_for SECONDS DESCRIPTION COMMAND...: polls COMMAND every 0.2 s.
+wait_for() {
+  local timeout=$1 what=$2
+  shift 2
+  local deadline=$((SECONDS + timeout))
+  until "$@" >/dev/null 2>&1; do
+    ((SECONDS < deadline)) || die "timed out after ${timeout}s waiting for $what"
+    sleep 0.2
+  done
+}
