@@ -72,6 +72,25 @@ def pod_logs(kube: Client, name: str, namespace: str) -> str:
     return "\n".join(kube.log(name, namespace=namespace))
 
 
+def delete_pod(kube: Client, name: str, namespace: str, wait: float = 60) -> None:
+    """Deletes a pod now and waits until it is gone (absent already is fine)."""
+    try:
+        kube.delete(Pod, name, namespace=namespace, grace_period=0)
+    except ApiError as error:
+        if error.status.code == 404:
+            return
+        raise
+
+    def gone() -> bool:
+        try:
+            kube.get(Pod, name, namespace=namespace)
+        except ApiError as error:
+            return error.status.code == 404
+        return False
+
+    wait_until(f"pod {namespace}/{name} deleted", gone, wait)
+
+
 def delete_namespace(kube: Client, name: str, wait: float = 120) -> None:
     try:
         kube.delete(Namespace, name)

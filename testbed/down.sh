@@ -30,7 +30,15 @@ if ((${#daemons[@]})); then
   stop_pids "${daemons[@]}"
 fi
 
-# 2. Containers: through containerd if it still answers, then whatever is left.
+# 2. Containers: through containerd. A killed run leaves them in containerd's metadata
+#    with nobody serving it, so start containerd again just to remove them.
+if [[ -f $RUN/containerd.toml ]] && ! timeout 5 "${CTR[@]}" version >/dev/null 2>&1; then
+  setsid containerd --config "$RUN/containerd.toml" </dev/null >/dev/null 2>&1 &
+  for _ in $(seq 50); do
+    timeout 2 "${CTR[@]}" version >/dev/null 2>&1 && break
+    sleep 0.2
+  done
+fi
 if [[ -S $CONTAINERD_SOCK ]] && timeout 5 "${CTR[@]}" version >/dev/null 2>&1; then
   mapfile -t tasks < <("${CTR[@]}" tasks ls -q 2>/dev/null || true)
   ((${#tasks[@]})) && say "removing ${#tasks[@]} containers"
@@ -79,7 +87,7 @@ for ns in $(ip netns list 2>/dev/null | awk '{print $1}' | grep '^cni-' || true)
   ip netns delete "$ns" 2>/dev/null || true
 done
 ip link show "$BRIDGE" >/dev/null 2>&1 && ip link delete "$BRIDGE"
-for family in iptables ip6tables; do
+for family in iptables ip6tables iptables-legacy ip6tables-legacy; do
   command -v "$family-save" >/dev/null || continue
   if "$family-save" 2>/dev/null | grep -qE 'KUBE-|CNI-'; then
     say "removing $family rules of kube-proxy, the kubelet and CNI"

@@ -17,7 +17,7 @@ KWOK_POD_DELAY_MS=${KWOK_POD_DELAY_MS:-500}
 KWOK_POD_JITTER_MS=${KWOK_POD_JITTER_MS:-500}
 KWOK_DIR=$TB/kwok
 
-stages_dir() { (cd "$TESTBED_SRC/gomod/kwok" && go list -m -f '{{.Dir}}' sigs.k8s.io/kwok)/kustomize/stage; }
+stages_dir() { echo "$(cd "$TESTBED_SRC/gomod/kwok" && go list -m -f '{{.Dir}}' sigs.k8s.io/kwok)/kustomize/stage"; }
 
 write_config() {
   local stages
@@ -33,6 +33,7 @@ options:
   manageAllNodes: false
   manageNodesWithAnnotationSelector: kwok.x-k8s.io/node=fake
   nodeLeaseDurationSeconds: 40
+  nodeLeaseParallelism: 4
   podPlayStageParallelism: 8
   nodePlayStageParallelism: 4
 EOF

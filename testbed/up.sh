@@ -12,9 +12,18 @@ for tool in containerd ctr runc iptables iptables-save openssl debootstrap go gc
 done
 [[ -x /usr/lib/cni/bridge && -x /usr/lib/cni/host-local ]] || die "CNI plugins missing: run 'make deps'"
 
-if [[ -f $KUBECONFIG_ADMIN && -x $KUBECTL ]] &&
-  kubectl_admin get --raw /readyz >/dev/null 2>&1 &&
-  [[ $(kubectl_admin get node "$NODE_NAME" -o 'jsonpath={.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null) == True ]]; then
+# Healthy means every part answers: the API, the node, cluster DNS, kwok, local volumes.
+healthy() {
+  [[ -f $KUBECONFIG_ADMIN && -x $KUBECTL ]] || return 1
+  kubectl_admin get --raw /readyz >/dev/null 2>&1 || return 1
+  [[ $(kubectl_admin get node "$NODE_NAME" -o 'jsonpath={.status.conditions[?(@.type=="Ready")].status}') == True ]] || return 1
+  [[ $(kubectl_admin -n kube-system get deployment coredns -o 'jsonpath={.status.availableReplicas}') -ge 1 ]] || return 1
+  local daemon
+  for daemon in kwok local-volumes; do
+    kill -0 "$(cat "$TB/pids/$daemon.pid" 2>/dev/null)" 2>/dev/null || return 1
+  done
+}
+if healthy 2>/dev/null; then
   log "already up (kubeconfig: $KUBECONFIG_ADMIN)"
   exit 0
 fi
@@ -66,6 +75,9 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
   path = "$CACHE/containerd/opt"
 [plugins."io.containerd.grpc.v1.cri"]
   sandbox_image = "localhost/statefleet/pause:3.10.2"
+  # This machine refuses a negative oom_score_adj even to root (runc fails with
+  # "failed to update /proc/self/oom_score_adj: Permission denied"): clamp it to ours.
+  restrict_oom_score_adj = true
   [plugins."io.containerd.grpc.v1.cri".containerd]
     snapshotter = "overlayfs"
     default_runtime_name = "runc"
@@ -182,6 +194,7 @@ imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 evictionHard: {memory.available: 100Mi, nodefs.available: 1%, imagefs.available: 1%, nodefs.inodesFree: 1%}
 serializeImagePulls: false
+oomScoreAdj: 0 # a negative value is refused here (see containerd's restrict_oom_score_adj)
 maxPods: 110
 EOF
 start_daemon kubelet "$KUBE_BIN/kubelet" --config "$TB/kubelet/config.yaml" \
@@ -191,7 +204,7 @@ start_daemon kube-proxy "$KUBE_BIN/kube-proxy" --kubeconfig "$PKI/kube-proxy.kub
   --hostname-override "$NODE_NAME" --cluster-cidr "$POD_CIDR" --proxy-mode iptables \
   --metrics-bind-address 127.0.0.1:10249 --healthz-bind-address 127.0.0.1:10256 \
   --conntrack-max-per-core 0 --conntrack-tcp-timeout-established 0 --conntrack-tcp-timeout-close-wait 0 \
-  --iptables-localhost-nodeports=false
+  --iptables-localhost-nodeports=false --oom-score-adj 0
 wait_for 90 "node $NODE_NAME Ready" bash -c \
   "[[ \$('$KUBECTL' --kubeconfig '$KUBECONFIG_ADMIN' get node $NODE_NAME -o 'jsonpath={.status.conditions[?(@.type==\"Ready\")].status}') == True ]]"
 

@@ -43,10 +43,17 @@ unmount_chroot() {
   local m
   for ((i = ${#CHROOT_MOUNTS[@]} - 1; i >= 0; i--)); do
     m=${CHROOT_MOUNTS[i]}
-    mountpoint -q "$m" && umount -l "$m"
+    if mountpoint -q "$m"; then umount -l "$m"; fi
   done
   CHROOT_MOUNTS=()
 }
+WORK=""
+# A failed build leaves neither mounts nor its half-made rootfs behind.
+cleanup() {
+  unmount_chroot
+  if [[ -n $WORK ]]; then rm -rf "$WORK"; fi
+}
+trap cleanup EXIT
 
 # build_debian_rootfs IMAGE_SRC ROOTFS: base suite + files + install.sh in a chroot.
 build_debian_rootfs() {
@@ -62,10 +69,17 @@ build_debian_rootfs() {
   cp "$src/install.sh" "$rootfs/tmp/install.sh"
   [[ -n ${EXTRA_CONTEXT:-} ]] && cp -a "$EXTRA_CONTEXT" "$rootfs/tmp/context"
   mount -t proc proc "$rootfs/proc" && CHROOT_MOUNTS+=("$rootfs/proc")
-  trap unmount_chroot EXIT
+  # The host's trust store and package index settings, for the build only (/tmp is emptied):
+  # the machine may reach the registries through a proxy with its own CA.
+  cp /etc/ssl/certs/ca-certificates.crt "$rootfs/tmp/host-ca.crt"
+  local host_env=(PIP_CERT=/tmp/host-ca.crt SSL_CERT_FILE=/tmp/host-ca.crt REQUESTS_CA_BUNDLE=/tmp/host-ca.crt)
+  local var
+  for var in PIP_INDEX_URL PIP_EXTRA_INDEX_URL PIP_TRUSTED_HOST PIP_DEFAULT_TIMEOUT HTTP_PROXY HTTPS_PROXY NO_PROXY; do
+    [[ -n ${!var:-} ]] && host_env+=("$var=${!var}")
+  done
   # shellcheck disable=SC2086 # BUILD_ARGS is a list of NAME=VALUE words
-  env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LANG=C.UTF-8 DEBIAN_FRONTEND=noninteractive $BUILD_ARGS \
-    chroot "$rootfs" /bin/bash -euo pipefail /tmp/install.sh
+  env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LANG=C.UTF-8 DEBIAN_FRONTEND=noninteractive \
+    "${host_env[@]}" $BUILD_ARGS chroot "$rootfs" /bin/bash -euo pipefail /tmp/install.sh
   unmount_chroot
   # Leave no build-time state in the image.
   rm -rf "$rootfs/tmp/"* "$rootfs/var/lib/apt/lists/"* "$rootfs/var/cache/apt/"*.bin \
@@ -113,6 +127,7 @@ build_image() {
   log "building image $REF ($name, recipe $hash)"
   local started=$SECONDS work
   work=$(mktemp -d "$IMAGES_OUT/.build-$name.XXXX")
+  WORK=$work
   mkdir -p "$work/rootfs"
   case $KIND in
     debian) build_debian_rootfs "$recipe" "$work/rootfs" ;;
@@ -128,6 +143,7 @@ build_image() {
   rm -f "$IMAGES_OUT/$name-"*.tar # older recipes of this image
   mv "$work/image.tar" "$archive"
   rm -rf "$work"
+  WORK=""
   log "built image $REF in $((SECONDS - started))s ($(du -h "$archive" | cut -f1))"
   echo "$archive $REF" >"$IMAGES_OUT/$name.current"
 }
