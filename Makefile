@@ -8,7 +8,7 @@ export KUBECONFIG ?= $(CURDIR)/.testbed/kubeconfig
 
 # Debian packages the test bed and the tests need.
 DEBIAN_PACKAGES := containerd runc containernetworking-plugins debootstrap iptables conntrack \
-	iproute2 openssl curl ca-certificates gcc libc6-dev python3-venv postgresql-client
+	iproute2 openssl curl ca-certificates gcc libc6-dev python3-venv postgresql-client shellcheck
 
 .PHONY: help
 help: ## list the targets
@@ -46,9 +46,10 @@ demo: testbed-up ## bring the test bed up and run the demo
 	$(PY) -m e2e.demo
 
 .PHONY: lint
-lint: deps ## ruff check and format check
+lint: deps ## ruff check and format check, shellcheck
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	shellcheck -x -S warning testbed/*.sh testbed/images/build.sh testbed/images/*/rootfs/usr/local/bin/*.sh .ci/run
 
 .PHONY: unit
 unit: deps ## unit tests (no cluster)

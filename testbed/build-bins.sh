@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds the test bed's Go programs from the Go module proxy, each into a versioned
 # folder of the cache; a folder whose stamp matches its recipe is left alone.
+# shellcheck source=testbed/lib.sh
 source "$(dirname "$0")/lib.sh"
 
 GO_LDFLAGS_BASE="-s -w"
@@ -14,7 +15,7 @@ build_once() {
   if [[ -f $out/.stamp && $(cat "$out/.stamp") == "$stamp" ]]; then
     return 0
   fi
-  log "building $(basename "$out") (first time takes minutes: it compiles from source)"
+  log "building $(basename "$out") (minutes when Go's build cache is cold)"
   mkdir -p "$out"
   local started=$SECONDS
   (cd "$moddir" && go build -trimpath -ldflags "$ldflags" -o "$out/" "$@")

@@ -3,6 +3,7 @@
 # mounts, network namespaces, the bridge, iptables rules, cgroups and sysctl changes.
 # It works from what the host shows, not from this checkout's files, so it also cleans
 # up after a run that was killed in another clone. Idempotent. Caches are kept.
+# shellcheck source=testbed/lib.sh
 source "$(dirname "$0")/lib.sh"
 
 quiet=false
@@ -62,19 +63,22 @@ stop_pids "${runtime[@]}"
 # Anything still in the pods' cgroups (a shim killed without its children).
 for controller in /sys/fs/cgroup/*/; do
   [[ -d $controller/kubepods ]] || continue
-  find "$controller/kubepods" -name cgroup.procs -exec cat {} + 2>/dev/null | xargs -r kill -KILL 2>/dev/null || true
+  leftover=$(find "$controller/kubepods" -name cgroup.procs -exec cat {} + 2>/dev/null || true)
+  # shellcheck disable=SC2086 # a list of pids
+  if [[ -n $leftover ]]; then kill -KILL $leftover 2>/dev/null || true; fi
 done
 sleep 0.2
 for controller in /sys/fs/cgroup/*/; do
   for top in kubepods kubepods.slice; do
-    [[ -d $controller/$top ]] && find "$controller/$top" -depth -type d -exec rmdir {} + 2>/dev/null || true
+    if [[ -d $controller/$top ]]; then find "$controller/$top" -depth -type d -exec rmdir {} + 2>/dev/null || true; fi
   done
 done
 
-# 3. Mounts under our state (pod volumes, container rootfs, netns handles), deepest first.
+# 3. Mounts under our state (pod volumes, container rootfs, netns handles, an image
+#    build's chroot), deepest first.
 mount_points() {
   awk '{print $2}' /proc/self/mounts | sed 's/\\040/ /g' |
-    grep -E "^($RUN|$CACHE/containerd|/run/netns/cni-|/var/run/netns/cni-|.*/\.testbed/)" | sort -r || true
+    grep -E "^($RUN|$CACHE/|/run/netns/cni-|/var/run/netns/cni-|.*/\.testbed/)" | sort -r || true
 }
 mapfile -t mounts < <(mount_points)
 ((${#mounts[@]})) && say "unmounting ${#mounts[@]} mounts"
@@ -86,15 +90,20 @@ done
 for ns in $(ip netns list 2>/dev/null | awk '{print $1}' | grep '^cni-' || true); do
   ip netns delete "$ns" 2>/dev/null || true
 done
-ip link show "$BRIDGE" >/dev/null 2>&1 && ip link delete "$BRIDGE"
+# The self bind-mount that network namespace handles live on, once it holds none.
+if mountpoint -q /run/netns && [[ -z $(ls -A /run/netns 2>/dev/null) ]]; then umount /run/netns || true; fi
+if ip link show "$BRIDGE" >/dev/null 2>&1; then ip link delete "$BRIDGE"; fi
 for family in iptables ip6tables iptables-legacy ip6tables-legacy; do
   command -v "$family-save" >/dev/null || continue
-  if "$family-save" 2>/dev/null | grep -qE 'KUBE-|CNI-'; then
+  rules=$("$family-save" 2>/dev/null || true) # captured: grep -q would cut the pipe short
+  if grep -qE 'KUBE-|CNI-' <<<"$rules"; then
     say "removing $family rules of kube-proxy, the kubelet and CNI"
-    "$family-save" | grep -vE 'KUBE-|CNI-' | "$family-restore"
+    grep -vE 'KUBE-|CNI-' <<<"$rules" | "$family-restore"
   fi
 done
-command -v conntrack >/dev/null && conntrack -D -d "${SERVICE_CIDR%/*}" --mask-dst 255.255.0.0 >/dev/null 2>&1 || true
+if command -v conntrack >/dev/null; then
+  conntrack -D -d "${SERVICE_CIDR%/*}" --mask-dst 255.255.0.0 >/dev/null 2>&1 || true
+fi
 
 # 5. Kernel settings the kubelet or the test bed changed, back to what they were.
 if [[ -f $RUN/sysctl.saved ]]; then

@@ -10,6 +10,7 @@
 # pod-ready.stage.kwok.x-k8s.io/jitter-delay (durations such as "3s").
 # Simulated nodes carry the taint kwok.x-k8s.io/node=fake:NoSchedule and the label
 # type=kwok: a workload opts in with a toleration and a node selector.
+# shellcheck source=testbed/lib.sh
 source "$(dirname "$0")/lib.sh"
 
 KWOK_NODES=${KWOK_NODES:-3}

@@ -1,5 +1,5 @@
 # Shared settings for the test bed scripts. Sourced, never run.
-# shellcheck shell=bash
+# shellcheck shell=bash disable=SC2034  # the settings are used by the scripts that source this
 set -euo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -11,7 +11,6 @@ CACHE=${STATEFLEET_CACHE:-$HOME/.cache/statefleet}  # build caches, kept across 
 RUN=/run/statefleet
 
 KUBE_VERSION=1.37.2
-ETCD_VERSION=3.7.0 # the etcd that k8s.io/kubernetes v$KUBE_VERSION requires
 COREDNS_VERSION=1.14.2
 KWOK_VERSION=0.8.0
 

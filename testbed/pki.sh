@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Issues the test bed's certificates (one CA, as kubeadm lays them out) and kubeconfigs.
 # A fresh set every `testbed-up`: nothing outlives the cluster it was made for.
+# shellcheck source=testbed/lib.sh
 source "$(dirname "$0")/lib.sh"
 
 PKI=$TB/pki

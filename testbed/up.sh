@@ -3,6 +3,7 @@
 # kube-proxy), CoreDNS and kwok's simulated nodes. Builds whatever is missing first.
 # Idempotent: a healthy test bed is left as it is; anything else is cleaned up and
 # started again.
+# shellcheck source=testbed/lib.sh
 source "$(dirname "$0")/lib.sh"
 
 [[ $(id -u) == 0 ]] || die "the test bed runs a kubelet and containerd: run it as root"
@@ -23,17 +24,33 @@ healthy() {
     kill -0 "$(cat "$TB/pids/$daemon.pid" 2>/dev/null)" 2>/dev/null || return 1
   done
 }
-if healthy 2>/dev/null; then
+# Import each image whose current archive is not the one imported last.
+import_images() {
+  local current archive ref marker
+  for current in "$CACHE"/images/*.current; do
+    read -r archive ref <"$current"
+    marker=$CACHE/containerd/imported-$(basename "$current" .current)
+    if [[ $(cat "$marker" 2>/dev/null) != "$archive" ]] || ! grep -qxF "$ref" <<<"$("${CTR[@]}" images ls -q)"; then
+      log "importing $ref into containerd"
+      "${CTR[@]}" images import "$archive" >/dev/null
+      echo "$archive" >"$marker"
+    fi
+  done
+}
+
+started=$SECONDS
+"$TESTBED_SRC/build-bins.sh"
+"$TESTBED_SRC/images/build.sh"
+bins_stamp=$(cat "$KUBE_BIN/.stamp" "$COREDNS_BIN/.stamp" "$KWOK_BIN/.stamp")
+if healthy 2>/dev/null && [[ $(cat "$RUN/bins.stamp" 2>/dev/null) == "$bins_stamp" ]]; then
+  import_images # a changed image recipe takes effect without a restart
   log "already up (kubeconfig: $KUBECONFIG_ADMIN)"
   exit 0
 fi
-
-started=$SECONDS
 "$TESTBED_SRC/down.sh" --quiet # whatever a killed or half-started run left behind
-"$TESTBED_SRC/build-bins.sh"
-"$TESTBED_SRC/images/build.sh"
 
 mkdir -p "$TB"/{logs,pids,etcd,kubelet,cni/net.d} "$RUN"
+echo "$bins_stamp" >"$RUN/bins.stamp"
 
 # start_daemon NAME COMMAND...: in its own session, so it outlives make; logs in .testbed/logs.
 start_daemon() {
@@ -115,16 +132,7 @@ EOF
 start_daemon containerd containerd --config "$RUN/containerd.toml"
 wait_for 30 containerd "${CTR[@]}" version
 
-# Import each image whose current archive is not the one imported last.
-for current in "$CACHE"/images/*.current; do
-  read -r archive ref <"$current"
-  marker=$CACHE/containerd/imported-$(basename "$current" .current)
-  if [[ $(cat "$marker" 2>/dev/null) != "$archive" ]] || ! "${CTR[@]}" images ls -q | grep -qxF "$ref"; then
-    log "importing $ref into containerd"
-    "${CTR[@]}" images import "$archive" >/dev/null
-    echo "$archive" >"$marker"
-  fi
-done
+import_images
 
 # --- etcd and the control plane, on loopback and the node bridge only -----------------
 start_daemon etcd "$KUBE_BIN/etcd" --name testbed --data-dir "$TB/etcd" \

@@ -5,12 +5,19 @@
 # is rebuilt only when its recipe changes.
 #
 # Usage: build.sh [IMAGE_DIR_NAME...]   (default: every image)
+# shellcheck source=testbed/lib.sh
 source "$(dirname "$0")/../lib.sh"
 
 IMAGES_SRC=$TESTBED_SRC/images
 IMAGES_OUT=$CACHE/images
 ROOTFS_CACHE=$CACHE/rootfs
 mkdir -p "$IMAGES_OUT" "$ROOTFS_CACHE"
+# What a killed build left: its chroot's mounts first, then its folders.
+for stale in "$IMAGES_OUT"/.build-* "$ROOTFS_CACHE"/.debootstrap-*; do
+  [[ -e $stale ]] || continue
+  awk '{print $2}' /proc/self/mounts | grep -F "$stale/" | sort -r | xargs -r -n1 umount -l
+  rm -rf "$stale"
+done
 
 debian_mirror() {
   # The host's own apt source, so the images come from the same Debian it trusts.

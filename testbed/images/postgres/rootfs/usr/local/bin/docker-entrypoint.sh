@@ -92,6 +92,7 @@ MSG
   fi
   for f in /docker-entrypoint-initdb.d/*; do
     [[ -e $f ]] || continue
+    # shellcheck disable=SC1090 # init scripts are the user's
     case $f in
       *.sh) if [[ -x $f ]]; then "$f"; else . "$f"; fi ;;
       *.sql) PGPASSWORD=$POSTGRES_PASSWORD "${psql_init[@]}" --dbname "$POSTGRES_DB" -f "$f" ;;
