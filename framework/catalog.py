@@ -1,0 +1,93 @@
+"""The version catalog: which versions of each service a platform team offers.
+
+Cluster-wide, from the Helm values (a YAML file the operator reads at start):
+
+    postgres:
+      default: "17"
+      versions:
+        "15": {image: localhost/statefleet/postgres:15}
+        "17": {image: localhost/statefleet/postgres:17}
+        "13": {image: example/postgres:13, state: disabled}
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from pathlib import Path
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class VersionState(StrEnum):
+    ENABLED = "enabled"
+    DEPRECATED = "deprecated"
+    DISABLED = "disabled"
+
+
+class CatalogVersion(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    image: str = Field(min_length=1)
+    state: VersionState = VersionState.ENABLED
+
+
+class ServiceCatalog(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    default: str
+    versions: dict[str, CatalogVersion]
+
+    @model_validator(mode="after")
+    def default_is_offered(self) -> ServiceCatalog:
+        offered = self.versions.get(self.default)
+        if offered is None or offered.state == VersionState.DISABLED:
+            raise ValueError(f"default version {self.default!r} is not an offered version")
+        return self
+
+    def offered(self) -> list[str]:
+        return sorted(
+            (v for v, entry in self.versions.items() if entry.state != VersionState.DISABLED),
+            key=_version_key,
+        )
+
+
+class Catalog(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    services: dict[str, ServiceCatalog] = Field(default_factory=dict)
+
+    @classmethod
+    def from_yaml(cls, text: str) -> Catalog:
+        return cls(services=yaml.safe_load(text) or {})
+
+    @classmethod
+    def from_file(cls, path: Path) -> Catalog:
+        return cls.from_yaml(path.read_text())
+
+
+class ResolvedVersion(BaseModel):
+    version: str
+    image: str
+    deprecated: bool
+
+
+class VersionRefused(ValueError):
+    """The resource asks for a version the catalog does not offer."""
+
+
+def resolve(catalog: Catalog, service: str, requested: str | None) -> ResolvedVersion:
+    entries = catalog.services.get(service)
+    if entries is None:
+        raise VersionRefused(f"the version catalog offers no versions of {service}")
+    version = requested or entries.default
+    entry = entries.versions.get(version)
+    offered = ", ".join(entries.offered())
+    if entry is None:
+        raise VersionRefused(f"spec.version: {version!r} is not offered; offered versions: {offered}")
+    if entry.state == VersionState.DISABLED:
+        raise VersionRefused(f"spec.version: {version!r} is disabled; offered versions: {offered}")
+    return ResolvedVersion(
+        version=version, image=entry.image, deprecated=entry.state == VersionState.DEPRECATED
+    )
+
+
+def _version_key(version: str) -> tuple:
+    return tuple(int(p) if p.isdigit() else p for p in version.split("."))

@@ -1,0 +1,86 @@
+"""`statefleet`: the operator and its tools.
+
+statefleet operator [--catalog FILE] [--namespace NS ...] [--install-crds]
+statefleet crds           # print the CRDs generated from the models
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import kopf
+import yaml
+from lightkube import AsyncClient, codecs
+
+from framework.catalog import Catalog
+from framework.crd import render_all
+from framework.operator import Operator
+from framework.plugin import MANAGER
+from framework.registry import load_plugins
+
+DEFAULT_CATALOG = Path(__file__).resolve().parent.parent / "examples" / "catalog.yaml"
+
+
+async def install_crds(client: AsyncClient) -> None:
+    for text in render_all().values():
+        await client.apply(codecs.from_dict(yaml.safe_load(text)), field_manager=MANAGER, force=True)
+
+
+async def run_operator(args: argparse.Namespace) -> None:
+    catalog = Catalog.from_file(Path(args.catalog))
+    client = AsyncClient(field_manager=MANAGER)
+    if args.install_crds:
+        await install_crds(client)
+    operator = Operator(client, catalog, load_plugins())
+    operator.register()
+
+    @kopf.on.startup()
+    def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+        settings.posting.enabled = False  # Events are ours: one per transition, never repeated
+        settings.watching.server_timeout = 300
+        settings.networking.request_timeout = 60
+
+    await kopf.operator(
+        clusterwide=not args.namespace,
+        namespaces=args.namespace or None,
+        standalone=True,
+        liveness_endpoint=args.liveness,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="statefleet", description="Statefleet: data services on Kubernetes")
+    commands = parser.add_subparsers(dest="command", required=True)
+    operator = commands.add_parser("operator", help="run every controller against the current kubeconfig")
+    operator.add_argument("--catalog", default=os.environ.get("STATEFLEET_CATALOG", str(DEFAULT_CATALOG)))
+    operator.add_argument("--namespace", action="append", default=[], help="watch only these (default: all)")
+    operator.add_argument("--install-crds", action="store_true", help="apply the CRDs first (development)")
+    operator.add_argument(
+        "--liveness", default=os.environ.get("STATEFLEET_LIVENESS", "http://0.0.0.0:8080/healthz")
+    )
+    operator.add_argument(
+        "--log-format", choices=["json", "plain"], default=os.environ.get("STATEFLEET_LOG_FORMAT", "json")
+    )
+    commands.add_parser("crds", help="print the CustomResourceDefinitions")
+    args = parser.parse_args(argv)
+
+    if args.command == "crds":
+        print("---\n".join(render_all().values()), end="")
+        return 0
+    kopf.configure(
+        log_format=kopf.LogFormat.JSON if args.log_format == "json" else kopf.LogFormat.FULL,
+        verbose=False,
+    )
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    asyncio.run(run_operator(args))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,58 @@
+"""Status conditions as the Kubernetes API conventions define them.
+
+Pure functions over plain lists of dicts, so a reconcile computes the whole status and
+writes it once. `lastTransitionTime` moves only when a condition's status changes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+READY = "Ready"
+PROGRESSING = "Progressing"
+DEGRADED = "Degraded"
+
+
+@dataclass(frozen=True)
+class Condition:
+    type: str
+    status: bool
+    reason: str
+    message: str = ""
+
+    def as_status(self) -> str:
+        return "True" if self.status else "False"
+
+
+def now_rfc3339() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def merge_conditions(
+    current: list[dict[str, Any]] | None,
+    updates: list[Condition],
+    generation: int,
+    now: str | None = None,
+) -> list[dict[str, Any]]:
+    """The conditions after `updates`, keeping the others and each unchanged transition time."""
+    stamp = now or now_rfc3339()
+    by_type = {c["type"]: dict(c) for c in current or []}
+    for update in updates:
+        previous = by_type.get(update.type)
+        changed = previous is None or previous.get("status") != update.as_status()
+        by_type[update.type] = {
+            "type": update.type,
+            "status": update.as_status(),
+            "reason": update.reason,
+            "message": update.message,
+            "lastTransitionTime": stamp if changed else previous["lastTransitionTime"],
+            "observedGeneration": generation,
+        }
+    order = {READY: 0, PROGRESSING: 1, DEGRADED: 2}
+    return sorted(by_type.values(), key=lambda c: (order.get(c["type"], 9), c["type"]))
+
+
+def find(conditions: list[dict[str, Any]] | None, type_: str) -> dict[str, Any] | None:
+    return next((c for c in conditions or [] if c.get("type") == type_), None)

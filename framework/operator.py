@@ -1,0 +1,213 @@
+"""The operator: kopf watches, one reconcile per resource at a time, all I/O asynchronous.
+
+Level-based: any change of a resource or of its children (StatefulSet, pods) leads to the
+same reconcile of the resource, which plans from what it observes. A resource's reconciles
+never overlap; requests that arrive during one are folded into a single rerun.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterable
+from typing import Any
+
+import kopf
+from lightkube import AsyncClient, codecs
+from lightkube.core.exceptions import ApiError
+from lightkube.generic_resource import create_namespaced_resource
+from lightkube.models.core_v1 import EventSource, ObjectReference
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.apps_v1 import StatefulSet
+from lightkube.resources.core_v1 import ConfigMap, Event, Pod, Secret, Service
+from lightkube.resources.policy_v1 import PodDisruptionBudget
+from lightkube.types import PatchType
+
+from framework import conditions
+from framework.catalog import Catalog
+from framework.crd import GROUP, VERSION
+from framework.plugin import LABEL_INSTANCE, LABEL_MANAGED_BY, LABEL_NAME, MANAGER, Observed, ServicePlugin
+from framework.reconcile import API_VERSION, EventNote, Plan, plan, status_changed
+
+log = logging.getLogger("statefleet")
+
+CHILD_RESOURCES = {
+    "ConfigMap": ConfigMap,
+    "Service": Service,
+    "PodDisruptionBudget": PodDisruptionBudget,
+    "StatefulSet": StatefulSet,
+}
+
+
+def resource_class(plugin: ServicePlugin) -> Any:
+    return create_namespaced_resource(GROUP, VERSION, plugin.kind, plugin.plural)
+
+
+class Operator:
+    def __init__(self, client: AsyncClient, catalog: Catalog, plugins: Iterable[ServicePlugin]) -> None:
+        self.client = client
+        self.catalog = catalog
+        self.plugins = {plugin.service: plugin for plugin in plugins}
+        self._locks: dict[tuple[str, str, str], asyncio.Lock] = {}
+        self._dirty: set[tuple[str, str, str]] = set()
+
+    # --- observe ------------------------------------------------------------------------
+    async def _get(self, resource: Any, name: str, namespace: str) -> dict[str, Any] | None:
+        try:
+            return (await self.client.get(resource, name, namespace=namespace)).to_dict()
+        except ApiError as error:
+            if error.status.code == 404:
+                return None
+            raise
+
+    async def observe(self, plugin: ServicePlugin, body: dict[str, Any]) -> Observed:
+        name, namespace = body["metadata"]["name"], body["metadata"]["namespace"]
+        statefulset = await self._get(StatefulSet, name, namespace)
+        selector = {LABEL_NAME: plugin.service, LABEL_INSTANCE: name}
+        pods = [pod.to_dict() async for pod in self.client.list(Pod, namespace=namespace, labels=selector)]
+        secrets = {}
+        for generated in plugin.generated_secrets:
+            secret = await self._get(Secret, generated.name(name), namespace)
+            if secret is not None:
+                secrets[generated.suffix] = secret
+        return Observed(
+            name=name,
+            namespace=namespace,
+            generation=body["metadata"].get("generation", 0),
+            spec=dict(body.get("spec") or {}),
+            status=dict(body.get("status") or {}),
+            statefulset=statefulset,
+            pods=sorted(pods, key=lambda p: p["metadata"]["name"]),
+            secrets=secrets,
+        )
+
+    # --- act --------------------------------------------------------------------------------
+    async def execute(
+        self, plugin: ServicePlugin, body: dict[str, Any], planned: Plan, observed: Observed
+    ) -> None:
+        for secret in planned.secrets_to_create:
+            try:
+                await self.client.create(codecs.from_dict(secret))
+            except ApiError as error:
+                if error.status.code != 409:  # made by an earlier pass: never regenerate
+                    raise
+        if planned.apply:
+            for child in planned.children:
+                await self.client.apply(codecs.from_dict(child), field_manager=MANAGER, force=True)
+            await self._prune(plugin, observed, planned.children)
+            await self._label_pods(observed, planned.pod_labels)
+        if status_changed(observed.status, planned.status):
+            await self.client.patch(
+                resource_class(plugin),
+                observed.name,
+                {"status": planned.status},
+                namespace=observed.namespace,
+                subresource="status",
+                patch_type=PatchType.MERGE,
+            )
+        for note in planned.events:
+            await self.post_event(plugin, body, note)
+
+    async def _prune(self, plugin: ServicePlugin, observed: Observed, children: list[dict[str, Any]]) -> None:
+        wanted = {(c["kind"], c["metadata"]["name"]) for c in children}
+        selector = {LABEL_NAME: plugin.service, LABEL_INSTANCE: observed.name, LABEL_MANAGED_BY: MANAGER}
+        for kind in plugin.child_kinds:
+            resource = CHILD_RESOURCES[kind]
+            async for existing in self.client.list(resource, namespace=observed.namespace, labels=selector):
+                if (kind, existing.metadata.name) not in wanted:
+                    log.info(
+                        "deleting %s %s/%s: no longer rendered",
+                        kind,
+                        observed.namespace,
+                        existing.metadata.name,
+                    )
+                    await self.client.delete(resource, existing.metadata.name, namespace=observed.namespace)
+
+    async def _label_pods(self, observed: Observed, pod_labels: dict[str, dict[str, str]]) -> None:
+        current = {p["metadata"]["name"]: p["metadata"].get("labels") or {} for p in observed.pods}
+        for pod, labels in pod_labels.items():
+            if pod in current and any(current[pod].get(k) != v for k, v in labels.items()):
+                await self.client.patch(
+                    Pod,
+                    pod,
+                    {"metadata": {"labels": labels}},
+                    namespace=observed.namespace,
+                    patch_type=PatchType.MERGE,
+                )
+
+    async def post_event(self, plugin: ServicePlugin, body: dict[str, Any], note: EventNote) -> None:
+        meta = body["metadata"]
+        now = conditions.now_rfc3339()
+        event = Event(
+            metadata=ObjectMeta(generateName=f"{meta['name']}.", namespace=meta["namespace"]),
+            involvedObject=ObjectReference(
+                apiVersion=API_VERSION,
+                kind=plugin.kind,
+                name=meta["name"],
+                namespace=meta["namespace"],
+                uid=meta["uid"],
+            ),
+            reason=note.reason,
+            message=note.message,
+            type=note.type,
+            source=EventSource(component=MANAGER),
+            reportingComponent=MANAGER,
+            firstTimestamp=now,
+            lastTimestamp=now,
+            count=1,
+        )
+        await self.client.create(event)
+
+    # --- the loop ---------------------------------------------------------------------------
+    async def reconcile(self, plugin: ServicePlugin, namespace: str, name: str) -> None:
+        key = (plugin.service, namespace, name)
+        lock = self._locks.setdefault(key, asyncio.Lock())
+        if lock.locked():
+            self._dirty.add(key)  # the running pass will go round once more
+            return
+        async with lock:
+            while True:
+                self._dirty.discard(key)
+                body = await self._get(resource_class(plugin), name, namespace)
+                if body is None or body["metadata"].get("deletionTimestamp"):
+                    self._locks.pop(key, None)
+                    return
+                observed = await self.observe(plugin, body)
+                planned = plan(plugin, observed, self.catalog, body["metadata"]["uid"])
+                await self.execute(plugin, body, planned, observed)
+                if key not in self._dirty:
+                    return
+
+    def register(self) -> None:
+        """kopf handlers: the resources themselves, and their children, all into `reconcile`."""
+        for plugin in self.plugins.values():
+            self._register_plugin(plugin)
+
+        async def child_changed(body: dict[str, Any], **_: Any) -> None:
+            labels = body.get("metadata", {}).get("labels") or {}
+            plugin = self.plugins.get(labels.get(LABEL_NAME, ""))
+            if plugin and labels.get(LABEL_INSTANCE):
+                await self.reconcile(plugin, body["metadata"]["namespace"], labels[LABEL_INSTANCE])
+
+        managed = {LABEL_MANAGED_BY: MANAGER}
+        kopf.on.event("apps", "v1", "statefulsets", labels=managed, id="statefulset-changed")(child_changed)
+        kopf.on.event(
+            "",
+            "v1",
+            "pods",
+            labels={LABEL_INSTANCE: kopf.PRESENT, LABEL_NAME: kopf.PRESENT},
+            id="pod-changed",
+        )(child_changed)
+
+    def _register_plugin(self, plugin: ServicePlugin) -> None:
+        async def resource_changed(body: dict[str, Any], **_: Any) -> None:
+            await self.reconcile(plugin, body["metadata"]["namespace"], body["metadata"]["name"])
+
+        async def resync(body: dict[str, Any], **_: Any) -> None:
+            # Retries what failed and repairs drift nobody announced (a child edited by hand).
+            await self.reconcile(plugin, body["metadata"]["namespace"], body["metadata"]["name"])
+
+        kopf.on.event(GROUP, VERSION, plugin.plural, id=f"{plugin.service}-changed")(resource_changed)
+        kopf.timer(
+            GROUP, VERSION, plugin.plural, interval=60, initial_delay=60, id=f"{plugin.service}-resync"
+        )(resync)

@@ -1,0 +1,155 @@
+"""The plugin contract: what a data service gives the framework.
+
+A service is a folder `services/<name>/` with a spec model and a `ServicePlugin` subclass,
+and `templates/<name>/` with jinja2 templates of its children. The framework does the rest:
+kopf registration, the reconcile loop, children applied with server-side apply and owned
+by the resource, generated Secrets, status conditions, Events, the version catalog.
+See docs/adding-a-service.md.
+"""
+
+from __future__ import annotations
+
+import secrets
+import string
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from pydantic import BaseModel
+
+from framework import crd
+from framework.catalog import ResolvedVersion
+
+LABEL_NAME = "app.kubernetes.io/name"
+LABEL_INSTANCE = "app.kubernetes.io/instance"
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+LABEL_PART_OF = "app.kubernetes.io/part-of"
+MANAGER = "statefleet"
+
+
+@dataclass(frozen=True)
+class GeneratedSecret:
+    """A Secret the framework creates once and never regenerates (credentials)."""
+
+    suffix: str  # the Secret is named <resource>-<suffix>
+    fixed: dict[str, str] = field(default_factory=dict)  # e.g. {"username": "postgres"}
+    random: tuple[str, ...] = ()  # keys that get a fresh random value, once
+    length: int = 32
+
+    def name(self, resource: str) -> str:
+        return f"{resource}-{self.suffix}"
+
+    def initial_data(self) -> dict[str, str]:
+        alphabet = string.ascii_letters + string.digits
+        generated = {
+            key: "".join(secrets.choice(alphabet) for _ in range(self.length)) for key in self.random
+        }
+        return {**self.fixed, **generated}
+
+
+@dataclass
+class Observed:
+    """What the cluster shows of one resource and its children, read once per reconcile."""
+
+    name: str
+    namespace: str
+    generation: int
+    spec: dict[str, Any]
+    status: dict[str, Any]
+    statefulset: dict[str, Any] | None = None
+    pods: list[dict[str, Any]] = field(default_factory=list)
+    secrets: dict[str, dict[str, Any]] = field(default_factory=dict)  # by suffix
+
+
+@dataclass(frozen=True)
+class ServiceStatus:
+    """A plugin's reading of its service: the framework turns it into conditions."""
+
+    ready_instances: int
+    instances: int
+    ready: bool
+    message: str
+    degraded: bool = False  # running, but with fewer healthy instances than asked for
+    fields: dict[str, Any] = field(default_factory=dict)  # extra status fields (primary, endpoints)
+
+
+class ServicePlugin:
+    kind: ClassVar[str]
+    plural: ClassVar[str]
+    short_names: ClassVar[tuple[str, ...]] = ()
+    service: ClassVar[str]  # catalog key, template folder, app.kubernetes.io/name
+    spec_model: ClassVar[type[BaseModel]]
+    generated_secrets: ClassVar[tuple[GeneratedSecret, ...]] = ()
+    # Kinds the templates render, in apply order; children of these kinds that the templates
+    # no longer render are deleted.
+    child_kinds: ClassVar[tuple[str, ...]] = ("ConfigMap", "Service", "PodDisruptionBudget", "StatefulSet")
+
+    def refuse_change(self, spec: BaseModel, observed: Observed) -> str | None:
+        """Why applying `spec` would lose data (a message naming the field), or None."""
+        return None
+
+    def template_context(
+        self, spec: BaseModel, version: ResolvedVersion, observed: Observed
+    ) -> dict[str, Any]:
+        """Extra variables for the templates; `spec`, `name`, `namespace`, `image`, `labels` are given."""
+        return {}
+
+    def read_status(self, spec: BaseModel, version: ResolvedVersion, observed: Observed) -> ServiceStatus:
+        raise NotImplementedError
+
+    def pod_labels(self, spec: BaseModel, observed: Observed) -> dict[str, dict[str, str]]:
+        """Labels the framework keeps on individual pods (e.g. the primary's role), by pod name."""
+        return {}
+
+    def status_properties(self) -> dict[str, Any]:
+        """OpenAPI properties of the plugin's own status fields."""
+        return {}
+
+    def printer_columns(self) -> list[dict[str, Any]]:
+        return [
+            {"name": "Ready", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Ready")].status'},
+            {"name": "Instances", "type": "string", "jsonPath": ".status.instances"},
+            {"name": "Version", "type": "string", "jsonPath": ".status.version"},
+            {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+        ]
+
+    def labels(self, name: str) -> dict[str, str]:
+        return {
+            LABEL_NAME: self.service,
+            LABEL_INSTANCE: name,
+            LABEL_MANAGED_BY: MANAGER,
+            LABEL_PART_OF: "statefleet",
+        }
+
+    def crd(self) -> dict[str, Any]:
+        status = {
+            "type": "object",
+            "properties": {
+                "observedGeneration": {"type": "integer", "format": "int64"},
+                "instances": {"type": "string", "description": "ready/desired"},
+                "readyInstances": {"type": "integer"},
+                "version": {"type": "string"},
+                "image": {"type": "string"},
+                "conditions": {
+                    "type": "array",
+                    "x-kubernetes-list-type": "map",
+                    "x-kubernetes-list-map-keys": ["type"],
+                    "items": {
+                        "type": "object",
+                        "required": ["type", "status", "lastTransitionTime", "reason", "message"],
+                        "properties": {
+                            "type": {"type": "string"},
+                            "status": {"type": "string", "enum": ["True", "False", "Unknown"]},
+                            "reason": {"type": "string"},
+                            "message": {"type": "string"},
+                            "lastTransitionTime": {"type": "string", "format": "date-time"},
+                            "observedGeneration": {"type": "integer", "format": "int64"},
+                        },
+                    },
+                },
+                **self.status_properties(),
+            },
+            "x-kubernetes-preserve-unknown-fields": True,  # kopf keeps its progress here
+        }
+        return crd.build_crd(
+            self.kind, self.plural, self.spec_model, status, self.short_names, self.printer_columns()
+        )

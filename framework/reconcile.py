@@ -1,0 +1,213 @@
+"""The reconcile loop every service shares: observe, plan (pure), apply, write status.
+
+`plan` is a pure function of what was observed: the tests reach every decision through it.
+`reconcile` does the I/O: it reads the children, creates missing generated Secrets, applies
+the children with server-side apply under one field manager, deletes children the
+templates no longer render, labels pods, writes status only when it changed, and posts an
+Event only on a transition. Reconciling twice changes nothing.
+"""
+
+from __future__ import annotations
+
+import base64
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import ValidationError
+
+from framework import conditions
+from framework.catalog import Catalog, ResolvedVersion, VersionRefused, resolve
+from framework.conditions import Condition
+from framework.plugin import LABEL_INSTANCE, LABEL_MANAGED_BY, MANAGER, Observed, ServicePlugin, ServiceStatus
+from framework.render import render_children
+
+API_VERSION = "statefleet.dev/v1alpha1"
+
+
+@dataclass(frozen=True)
+class EventNote:
+    type: str  # Normal or Warning
+    reason: str
+    message: str
+
+
+@dataclass
+class Plan:
+    status: dict[str, Any]
+    children: list[dict[str, Any]] = field(default_factory=list)
+    secrets_to_create: list[dict[str, Any]] = field(default_factory=list)
+    pod_labels: dict[str, dict[str, str]] = field(default_factory=dict)  # pod name -> labels to set
+    events: list[EventNote] = field(default_factory=list)
+    apply: bool = True  # False: leave the children exactly as they are
+
+
+def describe_validation_error(error: ValidationError) -> str:
+    """One line per problem, each naming the field as the user wrote it (spec.storage.size)."""
+    parts = []
+    for problem in error.errors():
+        location = ".".join(str(p) for p in ("spec", *problem["loc"]))
+        parts.append(f"{location}: {problem['msg']}")
+    return "; ".join(parts)
+
+
+def owner_reference(plugin: ServicePlugin, name: str, uid: str) -> dict[str, Any]:
+    return {
+        "apiVersion": API_VERSION,
+        "kind": plugin.kind,
+        "name": name,
+        "uid": uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def decorate(
+    child: dict[str, Any], labels: dict[str, str], owner: dict[str, Any], namespace: str
+) -> dict[str, Any]:
+    """The child as applied: in the resource's namespace, labelled, owned by the resource."""
+    metadata = child.setdefault("metadata", {})
+    metadata["namespace"] = namespace
+    metadata["labels"] = {**labels, **metadata.get("labels", {})}
+    metadata["ownerReferences"] = [owner]
+    return child
+
+
+def _invalid(observed: Observed, reason: str, message: str) -> Plan:
+    status = dict(observed.status)
+    status["observedGeneration"] = observed.generation
+    status["conditions"] = conditions.merge_conditions(
+        observed.status.get("conditions"),
+        [
+            Condition(conditions.READY, False, reason, message),
+            Condition(conditions.PROGRESSING, False, reason, message),
+        ],
+        observed.generation,
+    )
+    events = []
+    previous = conditions.find(observed.status.get("conditions"), conditions.READY)
+    if not previous or previous.get("reason") != reason or previous.get("message") != message:
+        events.append(EventNote("Warning", reason, message))
+    return Plan(status=_without_kopf(status), events=events, apply=False)
+
+
+def _without_kopf(status: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in status.items() if k != "kopf"}
+
+
+def plan(plugin: ServicePlugin, observed: Observed, catalog: Catalog, uid: str) -> Plan:
+    try:
+        spec = plugin.spec_model.model_validate(observed.spec)
+    except ValidationError as error:
+        return _invalid(observed, "InvalidSpec", describe_validation_error(error))
+    try:
+        version = resolve(catalog, plugin.service, getattr(spec, "version", None))
+    except VersionRefused as error:
+        return _invalid(observed, "InvalidSpec", str(error))
+    refusal = plugin.refuse_change(spec, observed)
+    if refusal:
+        return _invalid(observed, "ChangeRefused", refusal)
+
+    labels = plugin.labels(observed.name)
+    owner = owner_reference(plugin, observed.name, uid)
+    secrets_to_create = [
+        decorate(
+            {
+                "apiVersion": "v1",
+                "kind": "Secret",
+                "metadata": {"name": secret.name(observed.name)},
+                "type": "Opaque",
+                "stringData": secret.initial_data(),
+            },
+            labels,
+            owner,
+            observed.namespace,
+        )
+        for secret in plugin.generated_secrets
+        if secret.suffix not in observed.secrets
+    ]
+    context = {
+        "name": observed.name,
+        "namespace": observed.namespace,
+        "spec": spec,
+        "image": version.image,
+        "version": version.version,
+        "labels": labels,
+        **plugin.template_context(spec, version, observed),
+    }
+    children = [
+        decorate(child, labels, owner, observed.namespace)
+        for child in render_children(plugin.service, context)
+    ]
+
+    reading = plugin.read_status(spec, version, observed)
+    return Plan(
+        status=_status(observed, version, reading),
+        children=children,
+        secrets_to_create=secrets_to_create,
+        pod_labels=plugin.pod_labels(spec, observed),
+        events=_transition_events(observed, version, reading),
+    )
+
+
+def _status(observed: Observed, version: ResolvedVersion, reading: ServiceStatus) -> dict[str, Any]:
+    progressing = not reading.ready
+    updates = [
+        Condition(conditions.READY, reading.ready, "Ready" if reading.ready else "NotReady", reading.message),
+        Condition(
+            conditions.PROGRESSING,
+            progressing,
+            "Reconciling" if progressing else "Reconciled",
+            reading.message if progressing else "",
+        ),
+        Condition(
+            conditions.DEGRADED,
+            reading.degraded,
+            "InstancesNotReady" if reading.degraded else "AsExpected",
+            reading.message if reading.degraded else "",
+        ),
+    ]
+    status = {
+        **_without_kopf(observed.status),
+        "observedGeneration": observed.generation,
+        "instances": f"{reading.ready_instances}/{reading.instances}",
+        "readyInstances": reading.ready_instances,
+        "version": version.version,
+        "image": version.image,
+        **reading.fields,
+    }
+    status["conditions"] = conditions.merge_conditions(
+        observed.status.get("conditions"), updates, observed.generation
+    )
+    return status
+
+
+def _transition_events(
+    observed: Observed, version: ResolvedVersion, reading: ServiceStatus
+) -> list[EventNote]:
+    events = []
+    previous = conditions.find(observed.status.get("conditions"), conditions.READY)
+    was_ready = bool(previous and previous.get("status") == "True")
+    if reading.ready and not was_ready:
+        events.append(EventNote("Normal", "Ready", reading.message))
+    if not reading.ready and was_ready:
+        events.append(EventNote("Warning", "NotReady", reading.message))
+    if version.deprecated and observed.status.get("version") != version.version:
+        events.append(
+            EventNote(
+                "Warning", "DeprecatedVersion", f"version {version.version} is deprecated in the catalog"
+            )
+        )
+    return events
+
+
+def status_changed(current: dict[str, Any], desired: dict[str, Any]) -> bool:
+    return _without_kopf(current) != _without_kopf(desired)
+
+
+def secret_value(secret: dict[str, Any], key: str) -> str:
+    return base64.b64decode(secret["data"][key]).decode()
+
+
+def is_managed(obj: dict[str, Any], name: str) -> bool:
+    labels = obj.get("metadata", {}).get("labels") or {}
+    return labels.get(LABEL_MANAGED_BY) == MANAGER and labels.get(LABEL_INSTANCE) == name

@@ -1,0 +1,59 @@
+"""Spec pieces every data service shares. Field names are camelCase in the API."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+# A Kubernetes quantity, as the API server accepts it (e.g. 1Gi, 500M, 0.5).
+QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?(m|k|Ki|M|Mi|G|Gi|T|Ti|P|Pi|E|Ei)?$"
+
+
+class ApiModel(BaseModel):
+    """A part of a resource's spec: camelCase in the API, snake_case in Python, no unknown fields."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+
+    def to_api(self) -> dict[str, Any]:
+        return self.model_dump(by_alias=True, exclude_none=True, mode="json")
+
+
+class DeletionPolicy(StrEnum):
+    RETAIN = "Retain"
+    DELETE = "Delete"
+
+
+class StorageSpec(ApiModel):
+    size: str = Field(
+        pattern=QUANTITY_PATTERN, description="Volume size per instance, e.g. 1Gi. Can grow, never shrink."
+    )
+    storage_class: str | None = Field(
+        default=None,
+        description="StorageClass of the volumes (the cluster's default when empty). Immutable.",
+        json_schema_extra={
+            "x-kubernetes-validations": [{"rule": "self == oldSelf", "message": "storageClass is immutable"}]
+        },
+    )
+
+
+class ResourcesSpec(ApiModel):
+    requests: dict[str, str] = Field(default_factory=dict, description="e.g. {cpu: 250m, memory: 256Mi}")
+    limits: dict[str, str] = Field(default_factory=dict)
+
+
+class PodTemplateOverrides(ApiModel):
+    """What a platform team may set on the pods without forking the templates."""
+
+    labels: dict[str, str] = Field(default_factory=dict)
+    annotations: dict[str, str] = Field(default_factory=dict)
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    tolerations: list[dict[str, Any]] = Field(
+        default_factory=list,
+        json_schema_extra={"items": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}},
+    )
+    affinity: dict[str, Any] | None = Field(
+        default=None, json_schema_extra={"x-kubernetes-preserve-unknown-fields": True}
+    )

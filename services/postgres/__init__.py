@@ -1,0 +1,5 @@
+"""The PostgreSQL service plugin."""
+
+from services.postgres.plugin import PostgresPlugin
+
+PLUGIN = PostgresPlugin()

@@ -1,0 +1,215 @@
+"""The Postgres plugin through the framework's pure plan: what a reconcile would do."""
+
+import base64
+from typing import Any
+
+import pytest
+
+from framework.catalog import Catalog
+from framework.crd import CRDS_DIR, render_all
+from framework.plugin import Observed
+from framework.reconcile import plan, status_changed
+from services.postgres import PLUGIN
+
+pytestmark = pytest.mark.unit
+
+CATALOG = Catalog.from_yaml(
+    'postgres: {default: "17", versions: {"15": {image: pg:15}, "17": {image: pg:17}, '
+    '"14": {image: pg:14, state: deprecated}}}'
+)
+
+
+def observed(spec: dict[str, Any], **extra: Any) -> Observed:
+    return Observed(
+        name="demo", namespace="apps", generation=1, spec=spec, status=extra.pop("status", {}), **extra
+    )
+
+
+def by_kind(children: list[dict]) -> dict[tuple[str, str], dict]:
+    return {(c["kind"], c["metadata"]["name"]): c for c in children}
+
+
+def ready_pod(name: str) -> dict:
+    return {
+        "metadata": {"name": name, "labels": {}},
+        "status": {"conditions": [{"type": "Ready", "status": "True"}]},
+    }
+
+
+def test_renders_every_child_owned_and_labelled() -> None:
+    planned = plan(
+        PLUGIN, observed({"version": "15", "instances": 3, "storage": {"size": "1Gi"}}), CATALOG, "uid-1"
+    )
+    children = by_kind(planned.children)
+    assert set(children) == {
+        ("ConfigMap", "demo-config"),
+        ("Service", "demo"),
+        ("Service", "demo-rw"),
+        ("Service", "demo-ro"),
+        ("PodDisruptionBudget", "demo"),
+        ("StatefulSet", "demo"),
+    }
+    for child in planned.children:
+        assert child["metadata"]["namespace"] == "apps"
+        assert child["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
+        assert child["metadata"]["labels"]["app.kubernetes.io/instance"] == "demo"
+    sts = children[("StatefulSet", "demo")]["spec"]
+    assert sts["replicas"] == 3
+    assert sts["podManagementPolicy"] == "Parallel"
+    assert sts["persistentVolumeClaimRetentionPolicy"]["whenDeleted"] == "Retain"
+    container = sts["template"]["spec"]["containers"][0]
+    assert container["image"] == "pg:15"
+    assert sts["volumeClaimTemplates"][0]["spec"]["resources"]["requests"]["storage"] == "1Gi"
+    assert children[("Service", "demo-rw")]["spec"]["selector"]["statefleet.dev/role"] == "primary"
+    assert children[("Service", "demo-ro")]["spec"]["selector"]["statefleet.dev/role"] == "replica"
+    assert children[("Service", "demo")]["spec"]["clusterIP"] == "None"
+
+
+def test_superuser_and_replication_secrets_are_created_once() -> None:
+    spec = {"storage": {"size": "1Gi"}}
+    first = plan(PLUGIN, observed(spec), CATALOG, "uid")
+    names = sorted(s["metadata"]["name"] for s in first.secrets_to_create)
+    assert names == ["demo-replication", "demo-superuser"]
+    passwords = {s["metadata"]["name"]: s["stringData"]["password"] for s in first.secrets_to_create}
+    assert len(passwords["demo-superuser"]) == 32
+    assert passwords["demo-superuser"] != passwords["demo-replication"]
+    existing = {
+        s["metadata"]["name"].removeprefix("demo-"): {"data": {"password": base64.b64encode(b"x").decode()}}
+        for s in first.secrets_to_create
+    }
+    assert plan(PLUGIN, observed(spec, secrets=existing), CATALOG, "uid").secrets_to_create == []
+
+
+def test_parameters_and_overrides_reach_the_pods() -> None:
+    spec = {
+        "storage": {"size": "1Gi"},
+        "parameters": {"max_connections": "200", "search_path": "it's"},
+        "pgHba": ["host all app 10.0.0.0/8 scram-sha-256"],
+        "resources": {"requests": {"cpu": "250m"}, "limits": {"memory": "1Gi"}},
+        "podTemplate": {"nodeSelector": {"disk": "ssd"}, "labels": {"team": "orders"}},
+        "deletionPolicy": "Delete",
+    }
+    planned = plan(PLUGIN, observed(spec), CATALOG, "uid")
+    children = by_kind(planned.children)
+    config = children[("ConfigMap", "demo-config")]["data"]
+    assert "max_connections = '200'" in config["postgresql.conf"]
+    assert "search_path = 'it''s'" in config["postgresql.conf"]
+    assert config["pg_hba.conf"].index("10.0.0.0/8") < config["pg_hba.conf"].index("host all all all")
+    pod = children[("StatefulSet", "demo")]["spec"]["template"]
+    assert pod["spec"]["nodeSelector"] == {"disk": "ssd"}
+    assert pod["metadata"]["labels"]["team"] == "orders"
+    assert pod["spec"]["containers"][0]["resources"] == {
+        "requests": {"cpu": "250m"},
+        "limits": {"memory": "1Gi"},
+    }
+    assert (
+        children[("StatefulSet", "demo")]["spec"]["persistentVolumeClaimRetentionPolicy"]["whenDeleted"]
+        == "Delete"
+    )
+    baseline = plan(PLUGIN, observed({"storage": {"size": "1Gi"}}), CATALOG, "uid")
+    baseline_hash = by_kind(baseline.children)[("StatefulSet", "demo")]["spec"]["template"]["metadata"][
+        "annotations"
+    ]
+    assert (
+        pod["metadata"]["annotations"]["statefleet.dev/config-hash"]
+        != baseline_hash["statefleet.dev/config-hash"]
+    )
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ({"instances": 3}, "spec.storage: Field required"),
+        (
+            {"instances": 12, "storage": {"size": "1Gi"}},
+            "spec.instances: Input should be less than or equal to 9",
+        ),
+        ({"storage": {"size": "lots"}}, "spec.storage.size: String should match pattern"),
+        (
+            {"storage": {"size": "1Gi"}, "parameters": {"port": "6000"}},
+            "spec.parameters: Value error, port managed",
+        ),
+        ({"storage": {"size": "1Gi"}, "colour": "blue"}, "spec.colour: Extra inputs are not permitted"),
+        (
+            {"storage": {"size": "1Gi"}, "version": "16"},
+            "spec.version: '16' is not offered; offered versions: 14, 15, 17",
+        ),
+    ],
+)
+def test_bad_input_is_refused_naming_the_field_and_nothing_is_applied(spec: dict, message: str) -> None:
+    planned = plan(PLUGIN, observed(spec), CATALOG, "uid")
+    assert not planned.apply
+    ready = next(c for c in planned.status["conditions"] if c["type"] == "Ready")
+    assert ready["status"] == "False"
+    assert ready["reason"] == "InvalidSpec"
+    assert message in ready["message"]
+    assert [e.reason for e in planned.events] == ["InvalidSpec"]
+    # The same bad input again posts no second Event.
+    again = plan(PLUGIN, observed(spec, status=planned.status), CATALOG, "uid")
+    assert again.events == []
+
+
+def existing_statefulset(size: str, storage_class: str | None = "standard") -> dict:
+    claim_spec: dict = {"resources": {"requests": {"storage": size}}}
+    if storage_class:
+        claim_spec["storageClassName"] = storage_class
+    return {"spec": {"volumeClaimTemplates": [{"spec": claim_spec}]}}
+
+
+@pytest.mark.parametrize(
+    ("storage", "message"),
+    [
+        ({"size": "512Mi"}, "spec.storage.size: shrinking the volumes from 1Gi to 512Mi would lose data"),
+        (
+            {"size": "1Gi", "storageClass": "fast"},
+            "spec.storage.storageClass: moving the volumes from standard to fast",
+        ),
+    ],
+)
+def test_changes_that_would_lose_data_are_refused(storage: dict, message: str) -> None:
+    planned = plan(
+        PLUGIN, observed({"storage": storage}, statefulset=existing_statefulset("1Gi")), CATALOG, "uid"
+    )
+    assert not planned.apply
+    ready = next(c for c in planned.status["conditions"] if c["type"] == "Ready")
+    assert ready["reason"] == "ChangeRefused"
+    assert message in ready["message"]
+
+
+def test_status_roles_and_a_second_pass_change_nothing() -> None:
+    spec = {"instances": 3, "storage": {"size": "1Gi"}}
+    pods = [ready_pod("demo-0"), ready_pod("demo-1")]
+    first = plan(PLUGIN, observed(spec, pods=pods), CATALOG, "uid")
+    assert first.pod_labels == {
+        "demo-0": {"statefleet.dev/role": "primary"},
+        "demo-1": {"statefleet.dev/role": "replica"},
+    }
+    status = first.status
+    assert status["currentPrimary"] == "demo-0"
+    assert status["instances"] == "2/3"
+    assert status["endpoints"]["rw"] == "demo-rw.apps.svc:5432"
+    conditions = {c["type"]: c for c in status["conditions"]}
+    assert conditions["Ready"]["status"] == "True"
+    assert conditions["Degraded"]["status"] == "True"
+    assert [e.reason for e in first.events] == ["Ready"]
+    second = plan(PLUGIN, observed(spec, pods=pods, status=status), CATALOG, "uid")
+    assert not status_changed(status, second.status)
+    assert second.events == []
+
+
+def test_a_deprecated_version_works_with_one_warning() -> None:
+    spec = {"version": "14", "storage": {"size": "1Gi"}}
+    first = plan(PLUGIN, observed(spec), CATALOG, "uid")
+    assert first.apply
+    assert [e.reason for e in first.events if e.type == "Warning"] == ["DeprecatedVersion"]
+    again = plan(PLUGIN, observed(spec, status=first.status), CATALOG, "uid")
+    assert [e for e in again.events if e.reason == "DeprecatedVersion"] == []
+
+
+def test_crds_directory_is_up_to_date() -> None:
+    for name, text in render_all().items():
+        path = CRDS_DIR / name
+        assert path.exists(), f"crds/{name} missing: run python -m framework.crd"
+        assert path.read_text().split("\n", 1)[1] == text, (
+            f"crds/{name} is stale: run python -m framework.crd"
+        )
