@@ -11,6 +11,7 @@ from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Namespace
 
 from e2e import kube as kube_helpers
+from e2e.operator_process import OperatorProcess
 
 
 @pytest.fixture(scope="session")
@@ -25,3 +26,11 @@ def namespace(kube: Client, request: pytest.FixtureRequest) -> Iterator[str]:
     kube.create(Namespace(metadata=ObjectMeta(name=name, labels={"statefleet.dev/test": "true"})))
     yield name
     kube_helpers.delete_namespace(kube, name, wait=180)
+
+
+@pytest.fixture(scope="session")
+def operator(kube: Client) -> Iterator[OperatorProcess]:
+    """The operator, run from this checkout on the host against the cluster, as a developer would."""
+    process = OperatorProcess.start()
+    yield process
+    process.stop()

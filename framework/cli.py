@@ -48,7 +48,7 @@ async def run_operator(args: argparse.Namespace) -> None:
 
     await kopf.operator(
         clusterwide=not args.namespace,
-        namespaces=args.namespace or None,
+        namespaces=args.namespace,
         standalone=True,
         liveness_endpoint=args.liveness,
     )
@@ -77,7 +77,8 @@ def main(argv: list[str] | None = None) -> int:
         log_format=kopf.LogFormat.JSON if args.log_format == "json" else kopf.LogFormat.FULL,
         verbose=False,
     )
-    logging.getLogger("httpx").setLevel(logging.WARNING)
+    for noisy in ("httpx", "httpx2", "kopf.objects"):  # a line per request or handler call
+        logging.getLogger(noisy).setLevel(logging.WARNING)
     asyncio.run(run_operator(args))
     return 0
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Iterable
+from datetime import UTC, datetime
 from typing import Any
 
 import kopf
@@ -23,7 +24,6 @@ from lightkube.resources.core_v1 import ConfigMap, Event, Pod, Secret, Service
 from lightkube.resources.policy_v1 import PodDisruptionBudget
 from lightkube.types import PatchType
 
-from framework import conditions
 from framework.catalog import Catalog
 from framework.crd import GROUP, VERSION
 from framework.plugin import LABEL_INSTANCE, LABEL_MANAGED_BY, LABEL_NAME, MANAGER, Observed, ServicePlugin
@@ -98,11 +98,10 @@ class Operator:
             await self._label_pods(observed, planned.pod_labels)
         if status_changed(observed.status, planned.status):
             await self.client.patch(
-                resource_class(plugin),
+                resource_class(plugin).Status,
                 observed.name,
                 {"status": planned.status},
                 namespace=observed.namespace,
-                subresource="status",
                 patch_type=PatchType.MERGE,
             )
         for note in planned.events:
@@ -137,7 +136,7 @@ class Operator:
 
     async def post_event(self, plugin: ServicePlugin, body: dict[str, Any], note: EventNote) -> None:
         meta = body["metadata"]
-        now = conditions.now_rfc3339()
+        now = datetime.now(UTC)
         event = Event(
             metadata=ObjectMeta(generateName=f"{meta['name']}.", namespace=meta["namespace"]),
             involvedObject=ObjectReference(

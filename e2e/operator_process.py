@@ -1,0 +1,74 @@
+"""Runs `statefleet operator` as a child process for tests, and restarts it on demand."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+from e2e.kube import REPO, kubeconfig_path, wait_until
+
+LIVENESS_PORT = 18080
+
+
+class OperatorProcess:
+    def __init__(self, log_path: Path) -> None:
+        self.log_path = log_path
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @classmethod
+    def start(cls) -> OperatorProcess:
+        log_dir = REPO / ".testbed" / "logs"
+        log_dir.mkdir(parents=True, exist_ok=True)
+        operator = cls(log_dir / "operator-e2e.log")
+        operator.launch()
+        return operator
+
+    def launch(self) -> None:
+        env = {**os.environ, "KUBECONFIG": str(kubeconfig_path())}
+        with self.log_path.open("ab") as log:
+            self.process = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "framework",
+                    "operator",
+                    "--install-crds",
+                    "--log-format",
+                    "plain",
+                    "--liveness",
+                    f"http://127.0.0.1:{LIVENESS_PORT}/healthz",
+                ],
+                cwd=REPO,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        wait_until("the operator's liveness endpoint", self.alive, timeout=60)
+
+    def alive(self) -> bool:
+        if self.process is None or self.process.poll() is not None:
+            raise RuntimeError(f"the operator exited; see {self.log_path}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{LIVENESS_PORT}/healthz", timeout=1) as response:
+                return response.status == 200
+        except OSError:
+            return False
+
+    def stop(self) -> None:
+        if self.process and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.process = None
+
+    def restart(self) -> None:
+        self.stop()
+        time.sleep(0.5)
+        self.launch()

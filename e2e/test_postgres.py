@@ -1,0 +1,210 @@
+"""A developer applies a `Postgres` and gets a running PostgreSQL: proven on the test bed
+with the operator running from this checkout and real PostgreSQL servers."""
+
+from __future__ import annotations
+
+import base64
+import time
+from typing import Any
+
+import psycopg
+import pytest
+from lightkube import Client
+from lightkube.core.exceptions import ApiError
+from lightkube.resources.apps_v1 import StatefulSet
+from lightkube.resources.core_v1 import ConfigMap, Event, PersistentVolumeClaim, Secret, Service
+from lightkube.types import PatchType
+
+from e2e.kube import wait_until
+from e2e.operator_process import OperatorProcess
+from framework.operator import resource_class
+from services.postgres import PLUGIN
+
+pytestmark = pytest.mark.e2e
+
+Postgres = resource_class(PLUGIN)
+
+
+def create(kube: Client, namespace: str, name: str, spec: dict[str, Any]) -> None:
+    kube.create(
+        Postgres.from_dict(
+            {
+                "apiVersion": "statefleet.dev/v1alpha1",
+                "kind": "Postgres",
+                "metadata": {"name": name},
+                "spec": spec,
+            }
+        ),
+        namespace=namespace,
+    )
+
+
+def condition(kube: Client, namespace: str, name: str, type_: str = "Ready") -> dict[str, Any] | None:
+    status = kube.get(Postgres, name, namespace=namespace).to_dict().get("status") or {}
+    return next((c for c in status.get("conditions") or [] if c["type"] == type_), None)
+
+
+def wait_ready(
+    kube: Client, namespace: str, name: str, instances: int, timeout: float = 240
+) -> dict[str, Any]:
+    def ready() -> dict[str, Any] | None:
+        body = kube.get(Postgres, name, namespace=namespace).to_dict()
+        status = body.get("status") or {}
+        ready_condition = next((c for c in status.get("conditions") or [] if c["type"] == "Ready"), {})
+        done = (
+            ready_condition.get("status") == "True"
+            and status.get("readyInstances") == instances
+            and status.get("observedGeneration") == body["metadata"]["generation"]
+        )
+        return status if done else None
+
+    return wait_until(
+        f"Postgres {namespace}/{name} Ready with {instances} instances", ready, timeout, interval=1
+    )
+
+
+def connect(kube: Client, namespace: str, service: str, secret: str) -> psycopg.Connection:
+    data = kube.get(Secret, secret, namespace=namespace).data
+    password = base64.b64decode(data["password"]).decode()
+    user = base64.b64decode(data["username"]).decode()
+    host = kube.get(Service, service, namespace=namespace).spec.clusterIP
+    return psycopg.connect(
+        host=host, user=user, password=password, dbname="postgres", connect_timeout=5, autocommit=True
+    )
+
+
+def query(kube: Client, namespace: str, service: str, sql: str) -> Any:
+    with connect(kube, namespace, service, "demo-superuser") as conn:
+        return conn.execute(sql).fetchone()[0]
+
+
+def execute(kube: Client, namespace: str, service: str, sql: str) -> None:
+    with connect(kube, namespace, service, "demo-superuser") as conn:
+        conn.execute(sql)
+
+
+def test_create_scale_update_and_delete(kube: Client, namespace: str, operator: OperatorProcess) -> None:
+    create(kube, namespace, "demo", {"version": "15", "instances": 1, "storage": {"size": "1Gi"}})
+    status = wait_ready(kube, namespace, "demo", 1)
+    assert status["currentPrimary"] == "demo-0"
+    assert status["version"] == "15"
+    assert status["instances"] == "1/1"
+    assert status["endpoints"]["rw"] == f"demo-rw.{namespace}.svc:5432"
+    assert query(kube, namespace, "demo-rw", "show server_version").startswith("15.")
+
+    # Scale 1 -> 3: two streaming replicas cloned from the primary, read-only through -ro.
+    execute(kube, namespace, "demo-rw", "create table orders(id int); insert into orders values (1), (2)")
+    kube.patch(Postgres, "demo", {"spec": {"instances": 3}}, namespace=namespace, patch_type=PatchType.MERGE)
+    status = wait_ready(kube, namespace, "demo", 3)
+    assert status["instances"] == "3/3"
+    assert query(kube, namespace, "demo-ro", "select pg_is_in_recovery()") is True
+    assert query(kube, namespace, "demo-rw", "select count(*) from pg_stat_replication") == 2
+    wait_until(
+        "rows replicated to -ro",
+        lambda: query(kube, namespace, "demo-ro", "select count(*) from orders") == 2,
+        timeout=30,
+    )
+
+    # An update of the parameters reaches every instance.
+    kube.patch(
+        Postgres,
+        "demo",
+        {"spec": {"parameters": {"max_connections": "150"}}},
+        namespace=namespace,
+        patch_type=PatchType.MERGE,
+    )
+    wait_until(
+        "max_connections 150 on the primary",
+        lambda: _try(lambda: query(kube, namespace, "demo-rw", "show max_connections")) == "150",
+        timeout=300,
+        interval=2,
+    )
+    wait_ready(kube, namespace, "demo", 3, timeout=300)
+    assert query(kube, namespace, "demo-ro", "show max_connections") == "150"
+
+    # Deleting the Postgres removes every child but keeps the volumes (deletionPolicy Retain).
+    claims = {c.metadata.name for c in kube.list(PersistentVolumeClaim, namespace=namespace)}
+    assert claims == {"data-demo-0", "data-demo-1", "data-demo-2"}
+    kube.delete(Postgres, "demo", namespace=namespace)
+    wait_until(
+        "children garbage-collected",
+        lambda: (
+            not list(kube.list(StatefulSet, namespace=namespace))
+            and not list(kube.list(Service, namespace=namespace))
+        ),
+        timeout=120,
+    )
+    assert {c.metadata.name for c in kube.list(PersistentVolumeClaim, namespace=namespace)} == claims
+
+
+def _try(probe: Any) -> Any:
+    try:
+        return probe()
+    except psycopg.OperationalError:
+        return None
+
+
+def test_operator_restart_changes_nothing(kube: Client, namespace: str, operator: OperatorProcess) -> None:
+    create(kube, namespace, "calm", {"version": "15", "storage": {"size": "1Gi"}})
+    wait_ready(kube, namespace, "calm", 1)
+
+    def versions() -> dict[str, str]:
+        found = {}
+        for resource in (StatefulSet, Service, ConfigMap, Secret):
+            for obj in kube.list(
+                resource, namespace=namespace, labels={"app.kubernetes.io/instance": "calm"}
+            ):
+                found[f"{resource.__name__}/{obj.metadata.name}"] = obj.metadata.resourceVersion
+        found["Postgres/calm"] = kube.get(Postgres, "calm", namespace=namespace).metadata.resourceVersion
+        return found
+
+    def event_count() -> int:
+        return len(list(kube.list(Event, namespace=namespace, fields={"involvedObject.name": "calm"})))
+
+    before, events_before = versions(), event_count()
+    assert len(before) >= 7, before
+    operator.restart()
+    time.sleep(10)  # the restarted operator has listed and reconciled everything by now
+    assert versions() == before
+    assert event_count() == events_before
+
+
+def test_bad_input_gets_a_clear_error_naming_the_field(
+    kube: Client, namespace: str, operator: OperatorProcess
+) -> None:
+    # What the schema can say, the API server refuses at admission.
+    with pytest.raises(ApiError) as refused:
+        create(kube, namespace, "toomany", {"instances": 12, "storage": {"size": "1Gi"}})
+    assert refused.value.status.code == 422
+    assert "spec.instances" in refused.value.status.message
+
+    with pytest.raises(ApiError) as refused:
+        create(kube, namespace, "managed", {"storage": {"size": "1Gi"}, "parameters": {"port": "6000"}})
+    assert "parameters may not set what the operator manages" in refused.value.status.message
+
+    # What only the catalog knows: Ready=False, reason InvalidSpec, naming the offered versions.
+    create(kube, namespace, "unknown", {"version": "16", "storage": {"size": "1Gi"}})
+    invalid = wait_until("InvalidSpec", lambda: condition(kube, namespace, "unknown"), timeout=30)
+    assert invalid["reason"] == "InvalidSpec"
+    assert invalid["message"] == "spec.version: '16' is not offered; offered versions: 15, 17"
+    assert not list(kube.list(StatefulSet, namespace=namespace))
+
+    # Shrinking the volumes would lose data: refused, and nothing is changed.
+    create(kube, namespace, "keep", {"version": "15", "storage": {"size": "1Gi"}})
+    wait_ready(kube, namespace, "keep", 1)
+    kube.patch(
+        Postgres,
+        "keep",
+        {"spec": {"storage": {"size": "500Mi"}}},
+        namespace=namespace,
+        patch_type=PatchType.MERGE,
+    )
+
+    def refused_change() -> dict[str, Any] | None:
+        found = condition(kube, namespace, "keep")
+        return found if found and found["reason"] == "ChangeRefused" else None
+
+    refusal = wait_until("ChangeRefused", refused_change, timeout=30)
+    assert "spec.storage.size: shrinking the volumes from 1Gi to 500Mi would lose data" in refusal["message"]
+    sts = kube.get(StatefulSet, "keep", namespace=namespace)
+    assert sts.spec.volumeClaimTemplates[0].spec.resources.requests["storage"] == "1Gi"
