@@ -1,71 +1,102 @@
-"""`make demo`: the test bed's nodes and a running PostgreSQL, reached through cluster DNS.
+"""`make demo`: the operator installed on the test bed with its Helm chart, and the first
+example a user is shown (`examples/postgres-demo.yaml`: apps/demo, 3 instances) running.
 
-Idempotent: running it again re-applies the same objects and runs the query again.
+Idempotent and quick the second time: the image, the release and the resource are the
+same, so nothing changes.
 """
 
 from __future__ import annotations
 
 import base64
-import secrets
 import subprocess
 import sys
+import time
+from pathlib import Path
 
-from lightkube import codecs
-from lightkube.core.exceptions import ApiError
-from lightkube.resources.core_v1 import Namespace, Secret
+from lightkube.resources.core_v1 import Namespace, Pod, Secret, Service
 
-from e2e import manifests
-from e2e.kube import (
-    REPO,
-    client,
-    delete_pod,
-    kubeconfig_path,
-    pod_logs,
-    wait_pod_finished,
-    wait_pod_ready,
-)
+from e2e.kube import REPO, client, kubeconfig_path, wait_until
+from framework.operator import resource_class
+from services.postgres import PLUGIN
 
-NAMESPACE = "demo"
+CACHE = Path.home() / ".cache" / "statefleet"
+RELEASE, OPERATOR_NAMESPACE, APP_NAMESPACE = "statefleet", "statefleet-system", "apps"
+Postgres = resource_class(PLUGIN)
 
 
-def kubectl(*args: str) -> None:
-    kubectl_bin = REPO / ".testbed" / "bin" / "kubectl"
-    subprocess.run([str(kubectl_bin), "--kubeconfig", str(kubeconfig_path()), *args], check=True)
+def tool(name: str, *args: str, capture: bool = False) -> str:
+    command = [str(REPO / ".testbed" / "bin" / name), "--kubeconfig", str(kubeconfig_path()), *args]
+    result = subprocess.run(command, check=True, text=True, capture_output=capture)
+    return result.stdout if capture else ""
+
+
+def step(text: str) -> None:
+    print(f"\n== {text}", flush=True)
+
+
+def operator_image() -> tuple[str, str]:
+    """The operator image the test bed built and imported (`make testbed-up` does both)."""
+    _archive, ref = (CACHE / "images" / "operator.current").read_text().split()
+    repository, tag = ref.rsplit(":", 1)
+    return repository, tag
 
 
 def main() -> int:
     kube = client()
-    print("== nodes: one real node (containerd) and kwok's simulated nodes")
-    kubectl("get", "nodes", "-o", "wide")
+    step("the test bed: one real node (containerd) and kwok's simulated nodes")
+    tool("kubectl", "get", "nodes", "-o", "wide")
 
-    kube.apply(Namespace.from_dict({"metadata": {"name": NAMESPACE}}))
-    try:
-        secret = kube.get(Secret, "demo-postgres", namespace=NAMESPACE)
-        password = base64.b64decode(secret.data["password"]).decode()
-    except ApiError:
-        password = secrets.token_hex(12)
-        kube.create(
-            Secret.from_dict({"metadata": {"name": "demo-postgres"}, "stringData": {"password": password}}),
-            namespace=NAMESPACE,
-        )
-    for manifest in (
-        manifests.service("postgres", {"app": "postgres"}, 5432, headless=True),
-        manifests.postgres_statefulset("postgres", password),
-    ):
-        kube.apply(codecs.from_dict(manifest), namespace=NAMESPACE, force=True)
+    repository, tag = operator_image()
+    step(f"installing the operator with Helm ({repository}:{tag})")
+    tool("kubectl", "apply", "--server-side", "--force-conflicts", "-f", str(REPO / "crds"))
+    tool(
+        "helm", "upgrade", "--install", RELEASE, str(REPO / "charts" / "statefleet"),
+        "--namespace", OPERATOR_NAMESPACE, "--create-namespace", "--wait", "--timeout", "3m",
+        "--set", f"image.repository={repository}", "--set", f"image.tag={tag}",
+        "--set", f"watchNamespaces={{{APP_NAMESPACE}}}",
+    )  # fmt: skip
+    tool("kubectl", "-n", OPERATOR_NAMESPACE, "get", "deployment,pods")
 
-    print("\n== waiting for PostgreSQL (localhost/statefleet/postgres:15) to be Ready")
-    wait_pod_ready(kube, "postgres-0", namespace=NAMESPACE, timeout=180)
-    kubectl("-n", NAMESPACE, "get", "statefulset,pods,pvc,svc", "-o", "wide")
+    step("a developer applies examples/postgres-demo.yaml")
+    kube.apply(Namespace.from_dict({"metadata": {"name": APP_NAMESPACE}}))
+    tool("kubectl", "apply", "-f", str(REPO / "examples" / "postgres-demo.yaml"))
+    started = time.monotonic()
 
-    uri = f"postgresql://postgres:{password}@postgres-0.postgres.{NAMESPACE}.svc.cluster.local/postgres"
-    sql = "select 'connected to ' || version() || ' as ' || current_user"
-    delete_pod(kube, "psql", NAMESPACE)  # the one from an earlier run
-    kube.create(codecs.from_dict(manifests.psql_client_pod("psql", uri, sql)), namespace=NAMESPACE)
-    pod = wait_pod_finished(kube, "psql", namespace=NAMESPACE)
-    print(f"\n== psql from another pod, through postgres-0.postgres.{NAMESPACE}.svc.cluster.local")
-    print(pod_logs(kube, "psql", NAMESPACE))
-    return 0 if pod.status.phase == "Succeeded" else 1
+    def ready() -> dict | None:
+        status = kube.get(Postgres, "demo", namespace=APP_NAMESPACE).to_dict().get("status") or {}
+        conditions = {c["type"]: c["status"] for c in status.get("conditions") or []}
+        return status if conditions.get("Ready") == "True" and status.get("readyInstances") == 3 else None
+
+    status = wait_until("apps/demo Ready with 3 instances", ready, timeout=300, interval=1)
+    print(f"ready after {time.monotonic() - started:.0f}s")
+    tool("kubectl", "-n", APP_NAMESPACE, "get", "postgres", "demo")
+
+    step("instances and their roles")
+    pods = kube.list(Pod, namespace=APP_NAMESPACE, labels={"app.kubernetes.io/instance": "demo"})
+    for pod in sorted(pods, key=lambda p: p.metadata.name):
+        role = (pod.metadata.labels or {}).get("statefleet.dev/role", "?")
+        print(f"  {pod.metadata.name:10} {role:8} {pod.status.podIP}")
+    endpoints = status["endpoints"]
+    print(f"  primary: {status['currentPrimary']}; rw: {endpoints['rw']}; ro: {endpoints['ro']}")
+
+    secret = kube.get(Secret, "demo-superuser", namespace=APP_NAMESPACE)
+    password = base64.b64decode(secret.data["password"]).decode()
+    rw_ip = kube.get(Service, "demo-rw", namespace=APP_NAMESPACE).spec.clusterIP
+    check = subprocess.run(
+        ["psql", f"postgresql://postgres@{rw_ip}:5432/postgres", "-tAc", "select version()"],
+        env={"PGPASSWORD": password, "PATH": "/usr/bin:/bin"},
+        text=True,
+        capture_output=True,
+    )
+    step("psql from this machine, through demo-rw")
+    print(check.stdout.strip() or check.stderr.strip())
+    kubectl = ".testbed/bin/kubectl -n apps get"
+    print(
+        f"\n  export KUBECONFIG={kubeconfig_path()}\n"
+        f"  PGPASSWORD=$({kubectl} secret demo-superuser -o jsonpath='{{.data.password}}' | base64 -d) \\\n"
+        f"    psql -h $({kubectl} service demo-rw -o jsonpath='{{.spec.clusterIP}}') -U postgres"
+    )
+    return check.returncode
 
 
 if __name__ == "__main__":

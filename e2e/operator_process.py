@@ -12,6 +12,7 @@ from pathlib import Path
 from e2e.kube import REPO, kubeconfig_path, wait_until
 
 LIVENESS_PORT = 18080
+METRICS_PORT = 19090
 
 
 class OperatorProcess:
@@ -41,6 +42,11 @@ class OperatorProcess:
                     "plain",
                     "--liveness",
                     f"http://127.0.0.1:{LIVENESS_PORT}/healthz",
+                    "--metrics-port",
+                    str(METRICS_PORT),
+                    # Only the tests' namespaces: an operator installed with Helm may own others.
+                    "--namespace",
+                    "t-*",
                 ],
                 cwd=REPO,
                 env=env,
@@ -48,6 +54,10 @@ class OperatorProcess:
                 stderr=subprocess.STDOUT,
             )
         wait_until("the operator's liveness endpoint", self.alive, timeout=60)
+
+    def metrics(self) -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{METRICS_PORT}/metrics", timeout=5) as response:
+            return response.read().decode()
 
     def alive(self) -> bool:
         if self.process is None or self.process.poll() is not None:

@@ -167,6 +167,9 @@ def test_operator_restart_changes_nothing(kube: Client, namespace: str, operator
     time.sleep(10)  # the restarted operator has listed and reconciled everything by now
     assert versions() == before
     assert event_count() == events_before
+    exposed = operator.metrics()
+    assert 'statefleet_reconcile_total{kind="Postgres",result="ok"}' in exposed
+    assert 'statefleet_resources_ready{kind="Postgres"}' in exposed
 
 
 def test_bad_input_gets_a_clear_error_naming_the_field(

@@ -18,6 +18,7 @@ import kopf
 import yaml
 from lightkube import AsyncClient, codecs
 
+from framework import metrics
 from framework.catalog import Catalog
 from framework.crd import render_all
 from framework.operator import Operator
@@ -37,6 +38,8 @@ async def run_operator(args: argparse.Namespace) -> None:
     client = AsyncClient(field_manager=MANAGER)
     if args.install_crds:
         await install_crds(client)
+    if args.metrics_port:
+        metrics.serve(args.metrics_port)
     operator = Operator(client, catalog, load_plugins())
     operator.register()
 
@@ -66,6 +69,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     operator.add_argument(
         "--log-format", choices=["json", "plain"], default=os.environ.get("STATEFLEET_LOG_FORMAT", "json")
+    )
+    operator.add_argument(
+        "--metrics-port",
+        type=int,
+        default=int(os.environ.get("STATEFLEET_METRICS_PORT", "9090")),
+        help="serve Prometheus metrics on this port (0: not at all)",
     )
     commands.add_parser("crds", help="print the CustomResourceDefinitions")
     args = parser.parse_args(argv)

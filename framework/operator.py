@@ -24,6 +24,7 @@ from lightkube.resources.core_v1 import ConfigMap, Event, Pod, Secret, Service
 from lightkube.resources.policy_v1 import PodDisruptionBudget
 from lightkube.types import PatchType
 
+from framework import metrics
 from framework.catalog import Catalog
 from framework.crd import GROUP, VERSION
 from framework.plugin import LABEL_INSTANCE, LABEL_MANAGED_BY, LABEL_NAME, MANAGER, Observed, ServicePlugin
@@ -50,6 +51,7 @@ class Operator:
         self.plugins = {plugin.service: plugin for plugin in plugins}
         self._locks: dict[tuple[str, str, str], asyncio.Lock] = {}
         self._dirty: set[tuple[str, str, str]] = set()
+        self._readiness: dict[tuple[str, str, str], bool] = {}
 
     # --- observe ------------------------------------------------------------------------
     async def _get(self, resource: Any, name: str, namespace: str) -> dict[str, Any] | None:
@@ -94,6 +96,7 @@ class Operator:
         if planned.apply:
             for child in planned.children:
                 await self.client.apply(codecs.from_dict(child), field_manager=MANAGER, force=True)
+                metrics.CHILD_APPLIES.labels(plugin.kind, child["kind"]).inc()
             await self._prune(plugin, observed, planned.children)
             await self._label_pods(observed, planned.pod_labels)
         if status_changed(observed.status, planned.status):
@@ -170,12 +173,24 @@ class Operator:
                 body = await self._get(resource_class(plugin), name, namespace)
                 if body is None or body["metadata"].get("deletionTimestamp"):
                     self._locks.pop(key, None)
+                    self._readiness.pop(key, None)
                     return
-                observed = await self.observe(plugin, body)
-                planned = plan(plugin, observed, self.catalog, body["metadata"]["uid"])
-                await self.execute(plugin, body, planned, observed)
+                with metrics.timed_reconcile(plugin.kind):
+                    observed = await self.observe(plugin, body)
+                    planned = plan(plugin, observed, self.catalog, body["metadata"]["uid"])
+                    await self.execute(plugin, body, planned, observed)
+                self._record_readiness(plugin, key, planned)
                 if key not in self._dirty:
                     return
+
+    def _record_readiness(self, plugin: ServicePlugin, key: tuple[str, str, str], planned: Plan) -> None:
+        ready = any(
+            c["type"] == "Ready" and c["status"] == "True" for c in planned.status.get("conditions", [])
+        )
+        self._readiness[key] = ready
+        mine = [v for k, v in self._readiness.items() if k[0] == plugin.service]
+        metrics.READY.labels(plugin.kind).set(sum(mine))
+        metrics.NOT_READY.labels(plugin.kind).set(len(mine) - sum(mine))
 
     def register(self) -> None:
         """kopf handlers: the resources themselves, and their children, all into `reconcile`."""

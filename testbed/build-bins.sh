@@ -43,5 +43,9 @@ CGO_ENABLED=0 build_once "$COREDNS_BIN" "$TESTBED_SRC/gomod/coredns" "$GO_LDFLAG
 CGO_ENABLED=0 build_once "$KWOK_BIN" "$TESTBED_SRC/gomod/kwok" \
   "$GO_LDFLAGS_BASE -X sigs.k8s.io/kwok/pkg/consts.Version=v$KWOK_VERSION" sigs.k8s.io/kwok/cmd/kwok
 
+CGO_ENABLED=0 build_once "$HELM_BIN" "$TESTBED_SRC/gomod/helm" \
+  "$GO_LDFLAGS_BASE -X helm.sh/helm/v3/internal/version.version=v$HELM_VERSION" helm.sh/helm/v3/cmd/helm
+
 mkdir -p "$TB/bin"
 ln -sfn "$KUBE_BIN/kubectl" "$KUBECTL"
+ln -sfn "$HELM_BIN/helm" "$HELM"

@@ -13,10 +13,12 @@ RUN=/run/statefleet
 KUBE_VERSION=1.37.2
 COREDNS_VERSION=1.14.2
 KWOK_VERSION=0.8.0
+HELM_VERSION=3.22.0
 
 KUBE_BIN=$CACHE/bin/kube-v$KUBE_VERSION
 COREDNS_BIN=$CACHE/bin/coredns-v$COREDNS_VERSION
 KWOK_BIN=$CACHE/bin/kwok-v$KWOK_VERSION
+HELM_BIN=$CACHE/bin/helm-v$HELM_VERSION
 
 # One node bridge carries the pods, the node address and the API server: it is
 # internal to this machine, so nothing listens on an outside interface.
@@ -38,6 +40,7 @@ CONTAINERD_SOCK=$RUN/containerd.sock
 CTR=(ctr --address "$CONTAINERD_SOCK" --namespace k8s.io)
 KUBECONFIG_ADMIN=$TB/kubeconfig
 KUBECTL=$TB/bin/kubectl
+HELM=$TB/bin/helm
 
 log() { printf '%s testbed: %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 die() {

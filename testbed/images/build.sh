@@ -117,15 +117,24 @@ build_static_rootfs() {
 build_image() {
   local name=$1 src=$IMAGES_SRC/$1
   [[ -f $src/image.conf ]] || die "no image recipe $src/image.conf"
-  local REF KIND SUITE STATIC_PROGRAM EXTRA_CONTEXT="" RECIPE=$1 BUILD_ARGS="" PAUSE_VERSION=3.10.2
+  local REF KIND SUITE STATIC_PROGRAM EXTRA_CONTEXT="" RECIPE=$1 BUILD_ARGS="" PAUSE_VERSION=3.10.2 BASE="" CODE_PATHS=""
   # shellcheck source=/dev/null
   source "$src/image.conf"
-  local recipe=$IMAGES_SRC/$RECIPE
-  local hash_inputs=("$IMAGES_SRC/build.sh" "$IMAGES_SRC/pack.py") file
-  while IFS= read -r file; do hash_inputs+=("$file"); done < <(find "$src" "$recipe" ${EXTRA_CONTEXT:+"$EXTRA_CONTEXT"} -type f | sort)
+  local recipe=$IMAGES_SRC/$RECIPE base_archive=""
+  local hash_inputs=("$IMAGES_SRC/build.sh" "$IMAGES_SRC/pack.py") file code=()
+  for file in $CODE_PATHS; do code+=("$REPO/$file"); done
+  while IFS= read -r file; do hash_inputs+=("$file"); done < <(
+    find "$src" "$recipe" ${EXTRA_CONTEXT:+"$EXTRA_CONTEXT"} "${code[@]}" -type f -not -path '*/__pycache__/*' | sort
+  )
   [[ $KIND == static && $STATIC_PROGRAM == coredns ]] && hash_inputs+=("$COREDNS_BIN/.stamp")
+  if [[ $KIND == overlay ]]; then
+    build_image "$BASE"
+    read -r base_archive _ <"$IMAGES_OUT/$BASE.current"
+    hash_inputs+=("$IMAGES_OUT/$BASE.current")
+  fi
   local hash archive
   hash=$(recipe_hash "${hash_inputs[@]}")
+  REF=${REF//@HASH@/$hash} # an image whose tag follows its content, so a new build rolls out
   archive=$IMAGES_OUT/$name-$hash.tar
   if [[ -f $archive ]]; then
     echo "$archive $REF" >"$IMAGES_OUT/$name.current"
@@ -139,14 +148,21 @@ build_image() {
   case $KIND in
     debian) build_debian_rootfs "$recipe" "$work/rootfs" ;;
     static) build_static_rootfs "$recipe" "$work/rootfs" ;;
-    *) die "$src/image.conf: KIND must be debian or static, not '$KIND'" ;;
+    overlay) # the repository's code, read-only, on top of BASE's layers
+      mkdir -p "$work/rootfs/opt/statefleet/app"
+      (cd "$REPO" && tar --exclude=__pycache__ -cf - $CODE_PATHS) | tar -C "$work/rootfs/opt/statefleet/app" -xf -
+      chown -R 0:0 "$work/rootfs"
+      chmod -R a+rX,go-w "$work/rootfs"
+      ;;
+    *) die "$src/image.conf: KIND must be debian, static or overlay, not '$KIND'" ;;
   esac
   tar --numeric-owner --xattrs --xattrs-include='*' -C "$work/rootfs" \
     --exclude='./proc/*' --exclude='./sys/*' --exclude='./dev/*' -cf "$work/layer.tar" .
   # config.json may name BUILD_ARGS variables, e.g. ${PG_MAJOR}.
   env $BUILD_ARGS python3 -c 'import os, sys; print(os.path.expandvars(open(sys.argv[1]).read()))' \
     "$recipe/config.json" >"$work/config.json"
-  python3 "$IMAGES_SRC/pack.py" "$work/image.tar" "$REF" "$work/config.json" "$work/layer.tar"
+  python3 "$IMAGES_SRC/pack.py" --out "$work/image.tar" --ref "$REF" --config "$work/config.json" \
+    ${base_archive:+--base "$base_archive"} "$work/layer.tar"
   rm -f "$IMAGES_OUT/$name-"*.tar # older recipes of this image
   mv "$work/image.tar" "$archive"
   rm -rf "$work"
@@ -155,7 +171,7 @@ build_image() {
   echo "$archive $REF" >"$IMAGES_OUT/$name.current"
 }
 
-ALL_IMAGES=(pause coredns postgres-15 postgres-17 rabbitmq-3 python-3)
+ALL_IMAGES=(pause coredns postgres-15 postgres-17 rabbitmq-3 python-3 operator)
 for image in "${@:-${ALL_IMAGES[@]}}"; do
   build_image "$image"
 done

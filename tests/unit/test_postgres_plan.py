@@ -1,12 +1,13 @@
 """The Postgres plugin through the framework's pure plan: what a reconcile would do."""
 
 import base64
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from framework.catalog import Catalog
-from framework.crd import CRDS_DIR, render_all
+from framework.crd import CHART_CRDS_DIR, CRDS_DIR, HEADER, render_all
 from framework.plugin import Observed
 from framework.reconcile import plan, status_changed
 from services.postgres import PLUGIN
@@ -206,10 +207,9 @@ def test_a_deprecated_version_works_with_one_warning() -> None:
     assert [e for e in again.events if e.reason == "DeprecatedVersion"] == []
 
 
-def test_crds_directory_is_up_to_date() -> None:
+@pytest.mark.parametrize("folder", [CRDS_DIR, CHART_CRDS_DIR])
+def test_crds_are_up_to_date(folder: Path) -> None:
     for name, text in render_all().items():
-        path = CRDS_DIR / name
-        assert path.exists(), f"crds/{name} missing: run python -m framework.crd"
-        assert path.read_text().split("\n", 1)[1] == text, (
-            f"crds/{name} is stale: run python -m framework.crd"
-        )
+        path = folder / name
+        assert path.exists(), f"{path} missing: run python -m framework.crd"
+        assert path.read_text() == HEADER + text, f"{path} is stale: run python -m framework.crd"
