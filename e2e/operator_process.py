@@ -16,15 +16,18 @@ METRICS_PORT = 19090
 
 
 class OperatorProcess:
-    def __init__(self, log_path: Path) -> None:
+    def __init__(self, log_path: Path, namespaces: str) -> None:
         self.log_path = log_path
+        self.namespaces = namespaces
         self.process: subprocess.Popen[bytes] | None = None
 
     @classmethod
-    def start(cls) -> OperatorProcess:
+    def start(cls, namespaces: str = "t-*", log_name: str = "operator-e2e.log") -> OperatorProcess:
+        """The operator for namespaces matching `namespaces` only: an operator installed with
+        Helm may own others."""
         log_dir = REPO / ".testbed" / "logs"
         log_dir.mkdir(parents=True, exist_ok=True)
-        operator = cls(log_dir / "operator-e2e.log")
+        operator = cls(log_dir / log_name, namespaces)
         operator.launch()
         return operator
 
@@ -44,9 +47,8 @@ class OperatorProcess:
                     f"http://127.0.0.1:{LIVENESS_PORT}/healthz",
                     "--metrics-port",
                     str(METRICS_PORT),
-                    # Only the tests' namespaces: an operator installed with Helm may own others.
                     "--namespace",
-                    "t-*",
+                    self.namespaces,
                 ],
                 cwd=REPO,
                 env=env,
@@ -58,6 +60,17 @@ class OperatorProcess:
     def metrics(self) -> str:
         with urllib.request.urlopen(f"http://127.0.0.1:{METRICS_PORT}/metrics", timeout=5) as response:
             return response.read().decode()
+
+    @property
+    def pid(self) -> int:
+        assert self.process is not None
+        return self.process.pid
+
+    def rss_bytes(self) -> int:
+        for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+        raise RuntimeError("no VmRSS")
 
     def alive(self) -> bool:
         if self.process is None or self.process.poll() is not None:

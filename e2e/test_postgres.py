@@ -161,6 +161,11 @@ def test_operator_restart_changes_nothing(kube: Client, namespace: str, operator
     def event_count() -> int:
         return len(list(kube.list(Event, namespace=namespace, fields={"involvedObject.name": "calm"})))
 
+    # The operator keeps its state in status and its children: nothing of kopf's on the resource.
+    resource = kube.get(Postgres, "calm", namespace=namespace)
+    assert not resource.metadata.finalizers
+    assert not [a for a in resource.metadata.annotations or {} if a.startswith("kopf.")]
+
     before, events_before = versions(), event_count()
     assert len(before) >= 7, before
     operator.restart()

@@ -36,6 +36,7 @@ async def install_crds(client: AsyncClient) -> None:
 async def run_operator(args: argparse.Namespace) -> None:
     catalog = Catalog.from_file(Path(args.catalog))
     client = AsyncClient(field_manager=MANAGER)
+    metrics.count_api_requests(client)
     if args.install_crds:
         await install_crds(client)
     if args.metrics_port:
@@ -49,11 +50,14 @@ async def run_operator(args: argparse.Namespace) -> None:
         settings.watching.server_timeout = 300
         settings.networking.request_timeout = 60
 
-    await kopf.operator(
-        clusterwide=not args.namespace,
-        namespaces=args.namespace,
-        standalone=True,
-        liveness_endpoint=args.liveness,
+    await asyncio.gather(
+        kopf.operator(
+            clusterwide=not args.namespace,
+            namespaces=args.namespace,
+            standalone=True,
+            liveness_endpoint=args.liveness,
+        ),
+        operator.resync_forever(args.namespace),
     )
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
@@ -19,6 +20,9 @@ RECONCILE_SECONDS = Histogram(
 )
 CHILD_APPLIES = Counter(
     "statefleet_child_applies_total", "Children applied (server-side apply)", ["kind", "child"]
+)
+API_REQUESTS = Counter(
+    "statefleet_api_requests_total", "Requests to the Kubernetes API (watches excepted), by verb", ["verb"]
 )
 READY = Gauge("statefleet_resources_ready", "Resources whose Ready condition is True, by kind", ["kind"])
 NOT_READY = Gauge(
@@ -38,6 +42,19 @@ def timed_reconcile(kind: str) -> Iterator[None]:
         RECONCILES.labels(kind, "ok").inc()
     finally:
         RECONCILE_SECONDS.labels(kind).observe(time.perf_counter() - started)
+
+
+def count_api_requests(client: Any) -> None:
+    """Counts every request a lightkube client sends, through its HTTP client's event hooks."""
+    http = getattr(getattr(client, "_client", None), "_client", None)
+    hooks = getattr(http, "event_hooks", None)
+    if hooks is None:
+        return  # another lightkube layout: the metric stays at zero rather than breaking the operator
+
+    async def count(request: Any) -> None:
+        API_REQUESTS.labels(request.method).inc()
+
+    hooks["request"] = [*hooks.get("request", []), count]
 
 
 def serve(port: int) -> None:

@@ -8,6 +8,7 @@ never overlap; requests that arrive during one are folded into a single rerun.
 from __future__ import annotations
 
 import asyncio
+import fnmatch
 import logging
 from collections.abc import Iterable
 from datetime import UTC, datetime
@@ -217,11 +218,20 @@ class Operator:
         async def resource_changed(body: dict[str, Any], **_: Any) -> None:
             await self.reconcile(plugin, body["metadata"]["namespace"], body["metadata"]["name"])
 
-        async def resync(body: dict[str, Any], **_: Any) -> None:
-            # Retries what failed and repairs drift nobody announced (a child edited by hand).
-            await self.reconcile(plugin, body["metadata"]["namespace"], body["metadata"]["name"])
-
         kopf.on.event(GROUP, VERSION, plugin.plural, id=f"{plugin.service}-changed")(resource_changed)
-        kopf.timer(
-            GROUP, VERSION, plugin.plural, interval=60, initial_delay=60, id=f"{plugin.service}-resync"
-        )(resync)
+
+    async def resync_forever(self, namespaces: list[str], interval: float = 60) -> None:
+        """Reconciles every resource now and then: retries what failed, repairs drift that no
+        event announced (a child edited by hand). Ours rather than kopf's timers, which would
+        put a finalizer on every resource."""
+        while True:
+            await asyncio.sleep(interval)
+            for plugin in self.plugins.values():
+                try:
+                    async for resource in self.client.list(resource_class(plugin), namespace="*"):
+                        namespace = resource.metadata.namespace
+                        if namespaces and not any(fnmatch.fnmatchcase(namespace, p) for p in namespaces):
+                            continue
+                        await self.reconcile(plugin, namespace, resource.metadata.name)
+                except Exception:
+                    log.exception("resync of %s failed; next in %ss", plugin.plural, interval)

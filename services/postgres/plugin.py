@@ -28,6 +28,10 @@ def current_primary(name: str, observed: Observed) -> str:
     return observed.status.get("currentPrimary") or f"{name}-0"
 
 
+def major(version: str) -> str:
+    return version.split(".", 1)[0]
+
+
 def claim_template(observed: Observed) -> dict[str, Any] | None:
     """The volume claim template of the existing StatefulSet (immutable once created)."""
     templates = ((observed.statefulset or {}).get("spec") or {}).get("volumeClaimTemplates") or []
@@ -43,6 +47,13 @@ class PostgresPlugin(ServicePlugin):
     generated_secrets = (SUPERUSER, REPLICATION)
 
     def refuse_change(self, spec: PostgresSpec, observed: Observed) -> str | None:
+        running = observed.status.get("version")
+        if running and spec.version and major(spec.version) != major(running) and observed.statefulset:
+            # The data directory of one major version does not start under another.
+            return (
+                f"spec.version: upgrading the data from PostgreSQL {running} to {spec.version} needs a "
+                f"major upgrade (pg_upgrade), which is not supported yet; set it back to {running}"
+            )
         existing = claim_template(observed)
         if existing is None:
             return None

@@ -213,3 +213,18 @@ def test_crds_are_up_to_date(folder: Path) -> None:
         path = folder / name
         assert path.exists(), f"{path} missing: run python -m framework.crd"
         assert path.read_text() == HEADER + text, f"{path} is stale: run python -m framework.crd"
+
+
+def test_a_major_version_change_is_refused_not_applied() -> None:
+    running = observed(
+        {"version": "17", "storage": {"size": "1Gi"}},
+        statefulset=existing_statefulset("1Gi"),
+        status={"version": "15"},
+    )
+    planned = plan(PLUGIN, running, CATALOG, "uid")
+    assert not planned.apply
+    ready = next(c for c in planned.status["conditions"] if c["type"] == "Ready")
+    assert ready["reason"] == "ChangeRefused"
+    assert ready["message"].startswith(
+        "spec.version: upgrading the data from PostgreSQL 15 to 17 needs a major upgrade"
+    )

@@ -1,0 +1,159 @@
+"""Benchmark: N `Postgres` resources applied at once, their pods on kwok's simulated nodes.
+
+Prints, for the operator and for a plain apply of the same rendered children (the API
+server's own limit, measured in the same run): the time until every StatefulSet and child
+exists and every status is written, the ratio of the two throughputs, the operator's API
+requests per resource, and its resident memory at N and at a larger count.
+
+    .venv/bin/python -m e2e.bench.postgres_fleet [--count 200] [--rss-count 500]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import re
+import time
+import uuid
+from typing import Any
+
+from lightkube import AsyncClient, KubeConfig, codecs
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.apps_v1 import StatefulSet
+from lightkube.resources.core_v1 import Namespace
+
+from e2e.kube import client, delete_namespace, kubeconfig_path
+from e2e.operator_process import OperatorProcess
+from framework.catalog import Catalog
+from framework.cli import DEFAULT_CATALOG
+from framework.operator import resource_class
+from framework.plugin import MANAGER, Observed
+from framework.reconcile import plan
+from services.postgres import PLUGIN
+
+Postgres = resource_class(PLUGIN)
+CONCURRENCY = 32  # the same for both sides: what a `kubectl apply` of many files would do, in parallel
+
+SPEC = {
+    "version": "15",
+    "instances": 1,
+    "storage": {"size": "1Gi"},
+    "podTemplate": {
+        "nodeSelector": {"type": "kwok"},
+        "tolerations": [{"key": "kwok.x-k8s.io/node", "operator": "Exists", "effect": "NoSchedule"}],
+    },
+}
+
+
+async def bounded(calls: list[Any]) -> None:
+    gate = asyncio.Semaphore(CONCURRENCY)
+
+    async def one(call: Any) -> None:
+        async with gate:
+            await call
+
+    await asyncio.gather(*(one(call) for call in calls))
+
+
+async def plain_apply(api: AsyncClient, namespace: str, count: int) -> float:
+    """Applies what the operator would, without it: Secrets, children, then status."""
+    catalog = Catalog.from_file(DEFAULT_CATALOG)
+    started = time.perf_counter()
+
+    async def one(index: int) -> None:
+        name = f"pg-{index}"
+        body = await api.create(
+            Postgres.from_dict({"metadata": {"name": name, "namespace": namespace}, "spec": SPEC}),
+            namespace=namespace,
+        )
+        observed = Observed(name=name, namespace=namespace, generation=1, spec=SPEC, status={})
+        planned = plan(PLUGIN, observed, catalog, body.metadata.uid)
+        for secret in planned.secrets_to_create:
+            await api.create(codecs.from_dict(secret))
+        for child in planned.children:
+            await api.apply(codecs.from_dict(child), field_manager=MANAGER, force=True)
+        await api.patch(Postgres.Status, name, {"status": planned.status}, namespace=namespace)
+
+    await bounded([one(i) for i in range(count)])
+    return time.perf_counter() - started
+
+
+async def operator_apply(api: AsyncClient, namespace: str, first: int, count: int) -> float:
+    started = time.perf_counter()
+    await bounded(
+        [
+            api.create(
+                Postgres.from_dict({"metadata": {"name": f"pg-{i}", "namespace": namespace}, "spec": SPEC}),
+                namespace=namespace,
+            )
+            for i in range(first, first + count)
+        ]
+    )
+    wanted = {f"pg-{i}" for i in range(first + count)}
+    while True:
+        done = {
+            pg.metadata.name
+            async for pg in api.list(Postgres, namespace=namespace)
+            if (pg.to_dict().get("status") or {}).get("observedGeneration") == pg.metadata.generation
+        }
+        statefulsets = {sts.metadata.name async for sts in api.list(StatefulSet, namespace=namespace)}
+        if wanted <= done and wanted <= statefulsets:
+            return time.perf_counter() - started
+        await asyncio.sleep(0.5)
+
+
+def operator_requests(operator: OperatorProcess) -> int:
+    """API requests the operator made (its own counter, every verb)."""
+    exposed = operator.metrics()
+    return int(
+        sum(float(v) for v in re.findall(r"^statefleet_api_requests_total\{[^}]*\} (\S+)$", exposed, re.M))
+    )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--count", type=int, default=200)
+    parser.add_argument("--rss-count", type=int, default=500)
+    args = parser.parse_args()
+    kube = client()
+    run = uuid.uuid4().hex[:5]
+    plain_ns, operator_ns = f"bench-plain-{run}", f"bench-op-{run}"
+    for namespace in (plain_ns, operator_ns):
+        kube.create(Namespace(metadata=ObjectMeta(name=namespace)))
+    operator = OperatorProcess.start(namespaces="bench-op-*", log_name="operator-bench.log")
+    try:
+
+        async def measure() -> dict[str, float]:
+            api = AsyncClient(config=KubeConfig.from_file(str(kubeconfig_path())), field_manager=MANAGER)
+            figures = {"plain": await plain_apply(api, plain_ns, args.count)}
+            idle_requests = operator_requests(operator)
+            figures["operator"] = await operator_apply(api, operator_ns, 0, args.count)
+            figures["requests"] = (operator_requests(operator) - idle_requests) / args.count
+            figures["rss_count"] = operator.rss_bytes()
+            await operator_apply(api, operator_ns, args.count, args.rss_count - args.count)
+            await asyncio.sleep(5)
+            figures["rss_more"] = operator.rss_bytes()
+            await api.close()
+            return figures
+
+        figures = asyncio.run(measure())
+    finally:
+        operator.stop()
+        for namespace in (plain_ns, operator_ns):
+            delete_namespace(kube, namespace, wait=900)
+
+    n, plain, through = args.count, figures["plain"], figures["operator"]
+    mib = {key: figures[key] / 2**20 for key in ("rss_count", "rss_more")}
+    print(f"Postgres resources applied at once: {n} (pods on kwok nodes), concurrency {CONCURRENCY}")
+    print(f"  plain apply of the rendered children: {plain:.1f} s ({n / plain:.1f}/s)")
+    print(f"  through the operator:                 {through:.1f} s ({n / through:.1f}/s)")
+    print(f"  operator throughput / plain apply:    {plain / through:.2f}")
+    print(f"  operator API requests per resource:   {figures['requests']:.1f}")
+    print(
+        f"  operator RSS at {n}: {mib['rss_count']:.0f} MiB; at {args.rss_count}: {mib['rss_more']:.0f} MiB"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
