@@ -63,5 +63,5 @@ e2e: testbed-up ## integration and e2e tests on the test bed
 test: lint unit e2e ## every test: lint, unit, then integration and e2e on the test bed
 
 .PHONY: bench
-bench: testbed-up ## benchmarks (figures and ratios against an in-run baseline)
-	$(PY) -m pytest e2e/bench -m slow -s
+bench: testbed-up ## benchmarks (figures and ratios against a baseline measured in the same run)
+	$(PY) -m e2e.bench.postgres_fleet --count 200 --rss-count 500

@@ -12,7 +12,7 @@ import pytest
 from lightkube import Client
 from lightkube.core.exceptions import ApiError
 from lightkube.resources.apps_v1 import StatefulSet
-from lightkube.resources.core_v1 import ConfigMap, Event, PersistentVolumeClaim, Secret, Service
+from lightkube.resources.core_v1 import ConfigMap, Event, PersistentVolumeClaim, Pod, Secret, Service
 from lightkube.types import PatchType
 
 from e2e.kube import wait_until
@@ -216,3 +216,21 @@ def test_bad_input_gets_a_clear_error_naming_the_field(
     assert "spec.storage.size: shrinking the volumes from 1Gi to 500Mi would lose data" in refusal["message"]
     sts = kube.get(StatefulSet, "keep", namespace=namespace)
     assert sts.spec.volumeClaimTemplates[0].spec.resources.requests["storage"] == "1Gi"
+
+
+def test_a_deleted_pod_comes_back_with_its_role(
+    kube: Client, namespace: str, operator: OperatorProcess
+) -> None:
+    create(kube, namespace, "demo", {"version": "15", "storage": {"size": "1Gi"}})
+    wait_ready(kube, namespace, "demo", 1)
+    kube.delete(Pod, "demo-0", namespace=namespace)
+    wait_ready(kube, namespace, "demo", 1)
+
+    def primary_reachable() -> bool:
+        try:
+            return query(kube, namespace, "demo-rw", "select not pg_is_in_recovery()") is True
+        except psycopg.OperationalError:
+            return False
+
+    wait_until("demo-rw reaches the new demo-0", primary_reachable, timeout=60)
+    assert kube.get(Pod, "demo-0", namespace=namespace).metadata.labels["statefleet.dev/role"] == "primary"

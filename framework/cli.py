@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import httpx2
 import kopf
 import yaml
 from lightkube import AsyncClient, codecs
@@ -35,7 +36,8 @@ async def install_crds(client: AsyncClient) -> None:
 
 async def run_operator(args: argparse.Namespace) -> None:
     catalog = Catalog.from_file(Path(args.catalog))
-    client = AsyncClient(field_manager=MANAGER)
+    # A busy API server answers slowly rather than not at all: wait for it.
+    client = AsyncClient(field_manager=MANAGER, timeout=httpx2.Timeout(60, connect=10))
     metrics.count_api_requests(client)
     if args.install_crds:
         await install_crds(client)

@@ -53,6 +53,8 @@ class Operator:
         self._locks: dict[tuple[str, str, str], asyncio.Lock] = {}
         self._dirty: set[tuple[str, str, str]] = set()
         self._readiness: dict[tuple[str, str, str], bool] = {}
+        self._failures: dict[tuple[str, str, str], int] = {}
+        self._retries: set[asyncio.Future[None]] = set()
 
     # --- observe ------------------------------------------------------------------------
     async def _get(self, resource: Any, name: str, namespace: str) -> dict[str, Any] | None:
@@ -94,12 +96,13 @@ class Operator:
             except ApiError as error:
                 if error.status.code != 409:  # made by an earlier pass: never regenerate
                     raise
-        if planned.apply:
+        if planned.apply and planned.children:
             for child in planned.children:
                 await self.client.apply(codecs.from_dict(child), field_manager=MANAGER, force=True)
                 metrics.CHILD_APPLIES.labels(plugin.kind, child["kind"]).inc()
             await self._prune(plugin, observed, planned.children)
-            await self._label_pods(observed, planned.pod_labels)
+        # Always: a pod that comes back (deleted, evicted) must get its role label at once.
+        await self._label_pods(observed, planned.pod_labels)
         if status_changed(observed.status, planned.status):
             await self.client.patch(
                 resource_class(plugin).Status,
@@ -162,7 +165,9 @@ class Operator:
         await self.client.create(event)
 
     # --- the loop ---------------------------------------------------------------------------
-    async def reconcile(self, plugin: ServicePlugin, namespace: str, name: str) -> None:
+    async def reconcile(
+        self, plugin: ServicePlugin, namespace: str, name: str, force_apply: bool = False
+    ) -> None:
         key = (plugin.service, namespace, name)
         lock = self._locks.setdefault(key, asyncio.Lock())
         if lock.locked():
@@ -171,18 +176,49 @@ class Operator:
         async with lock:
             while True:
                 self._dirty.discard(key)
-                body = await self._get(resource_class(plugin), name, namespace)
-                if body is None or body["metadata"].get("deletionTimestamp"):
-                    self._locks.pop(key, None)
-                    self._readiness.pop(key, None)
+                try:
+                    body = await self._get(resource_class(plugin), name, namespace)
+                    if body is None or body["metadata"].get("deletionTimestamp"):
+                        self._forget(key)
+                        return
+                    with metrics.timed_reconcile(plugin.kind):
+                        observed = await self.observe(plugin, body)
+                        planned = plan(plugin, observed, self.catalog, body["metadata"]["uid"], force_apply)
+                        await self.execute(plugin, body, planned, observed)
+                except Exception:
+                    self._retry_later(plugin, key)
                     return
-                with metrics.timed_reconcile(plugin.kind):
-                    observed = await self.observe(plugin, body)
-                    planned = plan(plugin, observed, self.catalog, body["metadata"]["uid"])
-                    await self.execute(plugin, body, planned, observed)
+                self._failures.pop(key, None)
                 self._record_readiness(plugin, key, planned)
                 if key not in self._dirty:
                     return
+
+    def _retry_later(self, plugin: ServicePlugin, key: tuple[str, str, str]) -> None:
+        """A failed pass is retried after 2, 4, 8 ... 60 s: never hot, never forgotten."""
+        attempt = self._failures.get(key, 0) + 1
+        self._failures[key] = attempt
+        delay = min(60, 2**attempt)
+        _, namespace, name = key
+        log.exception(
+            "reconcile of %s %s/%s failed (attempt %d); retry in %ss",
+            plugin.kind,
+            namespace,
+            name,
+            attempt,
+            delay,
+        )
+
+        def retry() -> None:
+            task = asyncio.ensure_future(self.reconcile(plugin, key[1], key[2]))
+            self._retries.add(task)
+            task.add_done_callback(self._retries.discard)
+
+        asyncio.get_running_loop().call_later(delay, retry)
+
+    def _forget(self, key: tuple[str, str, str]) -> None:
+        self._locks.pop(key, None)
+        self._readiness.pop(key, None)
+        self._failures.pop(key, None)
 
     def _record_readiness(self, plugin: ServicePlugin, key: tuple[str, str, str], planned: Plan) -> None:
         ready = any(
@@ -232,6 +268,6 @@ class Operator:
                         namespace = resource.metadata.namespace
                         if namespaces and not any(fnmatch.fnmatchcase(namespace, p) for p in namespaces):
                             continue
-                        await self.reconcile(plugin, namespace, resource.metadata.name)
+                        await self.reconcile(plugin, namespace, resource.metadata.name, force_apply=True)
                 except Exception:
                     log.exception("resync of %s failed; next in %ss", plugin.plural, interval)

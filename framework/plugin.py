@@ -129,6 +129,7 @@ class ServicePlugin:
                 "readyInstances": {"type": "integer"},
                 "version": {"type": "string"},
                 "image": {"type": "string"},
+                "childrenHash": {"type": "string", "description": "what the operator last applied"},
                 "conditions": {
                     "type": "array",
                     "x-kubernetes-list-type": "map",

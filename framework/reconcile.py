@@ -10,6 +10,8 @@ Event only on a transition. Reconciling twice changes nothing.
 from __future__ import annotations
 
 import base64
+import hashlib
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,7 +40,7 @@ class Plan:
     secrets_to_create: list[dict[str, Any]] = field(default_factory=list)
     pod_labels: dict[str, dict[str, str]] = field(default_factory=dict)  # pod name -> labels to set
     events: list[EventNote] = field(default_factory=list)
-    apply: bool = True  # False: leave the children exactly as they are
+    apply: bool = True  # False: leave the children exactly as they are (pods are still labelled)
 
 
 def describe_validation_error(error: ValidationError) -> str:
@@ -94,7 +96,16 @@ def _without_kopf(status: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in status.items() if k != "kopf"}
 
 
-def plan(plugin: ServicePlugin, observed: Observed, catalog: Catalog, uid: str) -> Plan:
+def children_hash(children: list[dict[str, Any]]) -> str:
+    return hashlib.sha256(json.dumps(children, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def plan(
+    plugin: ServicePlugin, observed: Observed, catalog: Catalog, uid: str, force_apply: bool = False
+) -> Plan:
+    """What to do about one resource. Children are applied when what the templates render
+    changed since the last apply (`status.childrenHash`), when the StatefulSet is missing, or
+    when `force_apply` (the periodic resync, which also repairs hand edits)."""
     try:
         spec = plugin.spec_model.model_validate(observed.spec)
     except ValidationError as error:
@@ -140,8 +151,13 @@ def plan(plugin: ServicePlugin, observed: Observed, catalog: Catalog, uid: str) 
     ]
 
     reading = plugin.read_status(spec, version, observed)
+    rendered = children_hash(children)
+    status = _status(observed, version, reading)
+    status["childrenHash"] = rendered
+    unchanged = observed.status.get("childrenHash") == rendered and observed.statefulset is not None
     return Plan(
-        status=_status(observed, version, reading),
+        status=status,
+        apply=force_apply or not unchanged,
         children=children,
         secrets_to_create=secrets_to_create,
         pod_labels=plugin.pod_labels(spec, observed),

@@ -21,6 +21,7 @@ from lightkube import AsyncClient, KubeConfig, codecs
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.apps_v1 import StatefulSet
 from lightkube.resources.core_v1 import Namespace
+from lightkube.types import PatchType
 
 from e2e.kube import client, delete_namespace, kubeconfig_path
 from e2e.operator_process import OperatorProcess
@@ -72,7 +73,9 @@ async def plain_apply(api: AsyncClient, namespace: str, count: int) -> float:
             await api.create(codecs.from_dict(secret))
         for child in planned.children:
             await api.apply(codecs.from_dict(child), field_manager=MANAGER, force=True)
-        await api.patch(Postgres.Status, name, {"status": planned.status}, namespace=namespace)
+        await api.patch(
+            Postgres.Status, name, {"status": planned.status}, namespace=namespace, patch_type=PatchType.MERGE
+        )
 
     await bounded([one(i) for i in range(count)])
     return time.perf_counter() - started

@@ -228,3 +228,18 @@ def test_a_major_version_change_is_refused_not_applied() -> None:
     assert ready["message"].startswith(
         "spec.version: upgrading the data from PostgreSQL 15 to 17 needs a major upgrade"
     )
+
+
+def test_children_are_reapplied_only_when_they_would_change() -> None:
+    spec = {"storage": {"size": "1Gi"}}
+    first = plan(PLUGIN, observed(spec), CATALOG, "uid")
+    assert first.apply
+    sts = {"spec": {"volumeClaimTemplates": [{"spec": {"resources": {"requests": {"storage": "1Gi"}}}}]}}
+    settled = plan(PLUGIN, observed(spec, status=first.status, statefulset=sts), CATALOG, "uid")
+    assert not settled.apply  # a pod or StatefulSet event: status only
+    assert plan(
+        PLUGIN, observed(spec, status=first.status, statefulset=sts), CATALOG, "uid", force_apply=True
+    ).apply
+    assert plan(PLUGIN, observed(spec, status=first.status), CATALOG, "uid").apply  # StatefulSet gone
+    changed = {**spec, "parameters": {"work_mem": "64MB"}}
+    assert plan(PLUGIN, observed(changed, status=first.status, statefulset=sts), CATALOG, "uid").apply
