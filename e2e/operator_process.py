@@ -20,6 +20,7 @@ class OperatorProcess:
         self.log_path = log_path
         self.namespaces = namespaces
         self.process: subprocess.Popen[bytes] | None = None
+        self.stopped_in = 0.0
 
     @classmethod
     def start(cls, namespaces: str = "t-*", log_name: str = "operator-e2e.log") -> OperatorProcess:
@@ -82,6 +83,8 @@ class OperatorProcess:
             return False
 
     def stop(self) -> None:
+        """SIGTERM, as the kubelet sends; `stopped_in` records how long the operator took."""
+        started = time.monotonic()
         if self.process and self.process.poll() is None:
             self.process.terminate()
             try:
@@ -89,6 +92,7 @@ class OperatorProcess:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+        self.stopped_in = time.monotonic() - started
         self.process = None
 
     def restart(self) -> None:

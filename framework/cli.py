@@ -52,15 +52,17 @@ async def run_operator(args: argparse.Namespace) -> None:
         settings.watching.server_timeout = 300
         settings.networking.request_timeout = 60
 
-    await asyncio.gather(
-        kopf.operator(
+    resync = asyncio.create_task(operator.resync_forever(args.namespace))
+    try:
+        # Returns when kopf stops (SIGTERM, SIGINT): the resync stops with it.
+        await kopf.operator(
             clusterwide=not args.namespace,
             namespaces=args.namespace,
             standalone=True,
             liveness_endpoint=args.liveness,
-        ),
-        operator.resync_forever(args.namespace),
-    )
+        )
+    finally:
+        resync.cancel()
 
 
 def main(argv: list[str] | None = None) -> int:
