@@ -54,6 +54,7 @@ class Operator:
         self._dirty: set[tuple[str, str, str]] = set()
         self._readiness: dict[tuple[str, str, str], bool] = {}
         self._failures: dict[tuple[str, str, str], int] = {}
+        self._written: dict[tuple[str, str, str], str] = {}  # resourceVersion of our last status write
         self._retries: set[asyncio.Future[None]] = set()
 
     # --- observe ------------------------------------------------------------------------
@@ -65,13 +66,20 @@ class Operator:
                 return None
             raise
 
-    async def observe(self, plugin: ServicePlugin, body: dict[str, Any]) -> Observed:
+    async def observe(self, plugin: ServicePlugin, body: dict[str, Any], thorough: bool) -> Observed:
+        """Reads the resource's children. Its generated Secrets are read on the first pass and on
+        `thorough` ones (the periodic resync): once made they are never remade, so a status that
+        records an apply means they exist, and a deleted one is recreated by the next resync."""
         name, namespace = body["metadata"]["name"], body["metadata"]["namespace"]
         statefulset = await self._get(StatefulSet, name, namespace)
         selector = {LABEL_NAME: plugin.service, LABEL_INSTANCE: name}
         pods = [pod.to_dict() async for pod in self.client.list(Pod, namespace=namespace, labels=selector)]
-        secrets = {}
+        secrets: dict[str, dict[str, Any]] = {}
+        applied_before = bool((body.get("status") or {}).get("childrenHash"))
         for generated in plugin.generated_secrets:
+            if applied_before and not thorough:
+                secrets[generated.suffix] = {}  # exists: made by the pass that applied the children
+                continue
             secret = await self._get(Secret, generated.name(name), namespace)
             if secret is not None:
                 secrets[generated.suffix] = secret
@@ -104,12 +112,15 @@ class Operator:
         # Always: a pod that comes back (deleted, evicted) must get its role label at once.
         await self._label_pods(observed, planned.pod_labels)
         if status_changed(observed.status, planned.status):
-            await self.client.patch(
+            written = await self.client.patch(
                 resource_class(plugin).Status,
                 observed.name,
                 {"status": planned.status},
                 namespace=observed.namespace,
                 patch_type=PatchType.MERGE,
+            )
+            self._written[(plugin.service, observed.namespace, observed.name)] = (
+                written.metadata.resourceVersion
             )
         for note in planned.events:
             await self.post_event(plugin, body, note)
@@ -182,7 +193,7 @@ class Operator:
                         self._forget(key)
                         return
                     with metrics.timed_reconcile(plugin.kind):
-                        observed = await self.observe(plugin, body)
+                        observed = await self.observe(plugin, body, thorough=force_apply)
                         planned = plan(plugin, observed, self.catalog, body["metadata"]["uid"], force_apply)
                         await self.execute(plugin, body, planned, observed)
                 except Exception:
@@ -219,6 +230,7 @@ class Operator:
         self._locks.pop(key, None)
         self._readiness.pop(key, None)
         self._failures.pop(key, None)
+        self._written.pop(key, None)
 
     def _record_readiness(self, plugin: ServicePlugin, key: tuple[str, str, str], planned: Plan) -> None:
         ready = any(
@@ -252,7 +264,12 @@ class Operator:
 
     def _register_plugin(self, plugin: ServicePlugin) -> None:
         async def resource_changed(body: dict[str, Any], **_: Any) -> None:
-            await self.reconcile(plugin, body["metadata"]["namespace"], body["metadata"]["name"])
+            meta = body["metadata"]
+            if self._written.get((plugin.service, meta["namespace"], meta["name"])) == meta.get(
+                "resourceVersion"
+            ):
+                return  # the echo of our own status write: nothing new to observe
+            await self.reconcile(plugin, meta["namespace"], meta["name"])
 
         kopf.on.event(GROUP, VERSION, plugin.plural, id=f"{plugin.service}-changed")(resource_changed)
 

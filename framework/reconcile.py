@@ -9,7 +9,6 @@ Event only on a transition. Reconciling twice changes nothing.
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import json
 from dataclasses import dataclass, field
@@ -20,7 +19,7 @@ from pydantic import ValidationError
 from framework import conditions
 from framework.catalog import Catalog, ResolvedVersion, VersionRefused, resolve
 from framework.conditions import Condition
-from framework.plugin import LABEL_INSTANCE, LABEL_MANAGED_BY, MANAGER, Observed, ServicePlugin, ServiceStatus
+from framework.plugin import Observed, ServicePlugin, ServiceStatus
 from framework.render import render_children
 
 API_VERSION = "statefleet.dev/v1alpha1"
@@ -218,12 +217,3 @@ def _transition_events(
 
 def status_changed(current: dict[str, Any], desired: dict[str, Any]) -> bool:
     return _without_kopf(current) != _without_kopf(desired)
-
-
-def secret_value(secret: dict[str, Any], key: str) -> str:
-    return base64.b64decode(secret["data"][key]).decode()
-
-
-def is_managed(obj: dict[str, Any], name: str) -> bool:
-    labels = obj.get("metadata", {}).get("labels") or {}
-    return labels.get(LABEL_MANAGED_BY) == MANAGER and labels.get(LABEL_INSTANCE) == name

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import re
+import sys
 import time
 import uuid
 from typing import Any
@@ -118,6 +119,7 @@ def main() -> int:
     parser.add_argument("--count", type=int, default=200)
     parser.add_argument("--rss-count", type=int, default=500)
     args = parser.parse_args()
+    sys.stdout.reconfigure(line_buffering=True)  # figures show before the long cleanup ends
     kube = client()
     run = uuid.uuid4().hex[:5]
     plain_ns, operator_ns = f"bench-plain-{run}", f"bench-op-{run}"
@@ -140,21 +142,19 @@ def main() -> int:
             return figures
 
         figures = asyncio.run(measure())
+        n, plain, through = args.count, figures["plain"], figures["operator"]
+        mib = {key: figures[key] / 2**20 for key in ("rss_count", "rss_more")}
+        print(f"Postgres resources applied at once: {n} (pods on kwok nodes), concurrency {CONCURRENCY}")
+        print(f"  plain apply of the rendered children: {plain:.1f} s ({n / plain:.1f}/s)")
+        print(f"  through the operator:                 {through:.1f} s ({n / through:.1f}/s)")
+        print(f"  operator throughput / plain apply:    {plain / through:.2f}")
+        print(f"  operator API requests per resource:   {figures['requests']:.1f}")
+        rss = f"at {n}: {mib['rss_count']:.0f} MiB; at {args.rss_count}: {mib['rss_more']:.0f} MiB"
+        print(f"  operator RSS {rss}")
     finally:
         operator.stop()
         for namespace in (plain_ns, operator_ns):
-            delete_namespace(kube, namespace, wait=900)
-
-    n, plain, through = args.count, figures["plain"], figures["operator"]
-    mib = {key: figures[key] / 2**20 for key in ("rss_count", "rss_more")}
-    print(f"Postgres resources applied at once: {n} (pods on kwok nodes), concurrency {CONCURRENCY}")
-    print(f"  plain apply of the rendered children: {plain:.1f} s ({n / plain:.1f}/s)")
-    print(f"  through the operator:                 {through:.1f} s ({n / through:.1f}/s)")
-    print(f"  operator throughput / plain apply:    {plain / through:.2f}")
-    print(f"  operator API requests per resource:   {figures['requests']:.1f}")
-    print(
-        f"  operator RSS at {n}: {mib['rss_count']:.0f} MiB; at {args.rss_count}: {mib['rss_more']:.0f} MiB"
-    )
+            delete_namespace(kube, namespace, wait=1800)
     return 0
 
 
