@@ -63,7 +63,8 @@ def psql_client_pod(name: str, uri: str, sql: str) -> dict[str, Any]:
     }
 
 
-def postgres_statefulset(name: str, password: str, replicas: int = 1, storage: str = "1Gi") -> dict[str, Any]:
+def statefulset(name: str, replicas: int, pod_spec: dict[str, Any], **spec: Any) -> dict[str, Any]:
+    """A StatefulSet named `name` whose pods carry the label app=<name>; `spec` adds fields."""
     labels = {"app": name}
     return {
         "apiVersion": "apps/v1",
@@ -73,44 +74,31 @@ def postgres_statefulset(name: str, password: str, replicas: int = 1, storage: s
             "replicas": replicas,
             "serviceName": name,
             "selector": {"matchLabels": labels},
-            "template": {
-                "metadata": {"labels": labels},
-                "spec": {"terminationGracePeriodSeconds": 5, "containers": [postgres_container(password)]},
-            },
-            "volumeClaimTemplates": [
-                {
-                    "metadata": {"name": "data"},
-                    "spec": {
-                        "accessModes": ["ReadWriteOnce"],
-                        "resources": {"requests": {"storage": storage}},
-                    },
-                }
-            ],
+            "template": {"metadata": {"labels": labels}, "spec": pod_spec},
+            **spec,
         },
     }
+
+
+def postgres_statefulset(name: str, password: str, replicas: int = 1, storage: str = "1Gi") -> dict[str, Any]:
+    claim = {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": storage}}}
+    return statefulset(
+        name,
+        replicas,
+        {"terminationGracePeriodSeconds": 5, "containers": [postgres_container(password)]},
+        volumeClaimTemplates=[{"metadata": {"name": "data"}, "spec": claim}],
+    )
 
 
 def kwok_statefulset(name: str, replicas: int) -> dict[str, Any]:
     """A StatefulSet whose pods land only on kwok's simulated nodes."""
-    labels = {"app": name}
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "StatefulSet",
-        "metadata": {"name": name, "labels": labels},
-        "spec": {
-            "replicas": replicas,
-            "serviceName": name,
-            "podManagementPolicy": "Parallel",
-            "selector": {"matchLabels": labels},
-            "template": {
-                "metadata": {"labels": labels},
-                "spec": {
-                    "nodeSelector": {"type": "kwok"},
-                    "tolerations": [
-                        {"key": "kwok.x-k8s.io/node", "operator": "Exists", "effect": "NoSchedule"}
-                    ],
-                    "containers": [{"name": "app", "image": "localhost/statefleet/pause:3.10.2"}],
-                },
-            },
+    return statefulset(
+        name,
+        replicas,
+        {
+            "nodeSelector": {"type": "kwok"},
+            "tolerations": [{"key": "kwok.x-k8s.io/node", "operator": "Exists", "effect": "NoSchedule"}],
+            "containers": [{"name": "app", "image": "localhost/statefleet/pause:3.10.2"}],
         },
-    }
+        podManagementPolicy="Parallel",
+    )
