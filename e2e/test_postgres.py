@@ -168,7 +168,14 @@ def test_operator_restart_changes_nothing(kube: Client, namespace: str, operator
     assert not resource.metadata.finalizers
     assert not [a for a in resource.metadata.annotations or {} if a.startswith("kopf.")]
 
-    before, events_before = versions(), event_count()
+    # Settled first: the StatefulSet controller writes status for a moment after the pod is Ready.
+    def settled() -> dict[str, str] | None:
+        first = versions()
+        time.sleep(3)
+        return first if versions() == first else None
+
+    before = wait_until("the resource and its children to settle", settled, timeout=60)
+    events_before = event_count()
     assert len(before) >= 7, before
     operator.restart()
     assert operator.stopped_in < 15, f"the operator took {operator.stopped_in:.0f}s to stop on SIGTERM"

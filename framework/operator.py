@@ -55,7 +55,8 @@ class Operator:
         self._readiness: dict[tuple[str, str, str], bool] = {}
         self._failures: dict[tuple[str, str, str], int] = {}
         self._written: dict[tuple[str, str, str], str] = {}  # resourceVersion of our last status write
-        self._retries: set[asyncio.Future[None]] = set()
+        self._background: set[asyncio.Future[None]] = set()
+        self._scheduled: set[tuple[str, str, str]] = set()
 
     # --- observe ------------------------------------------------------------------------
     async def _get(self, resource: Any, name: str, namespace: str) -> dict[str, Any] | None:
@@ -204,6 +205,25 @@ class Operator:
                 if key not in self._dirty:
                     return
 
+    def reconcile_soon(self, plugin: ServicePlugin, namespace: str, name: str, delay: float = 0.5) -> None:
+        """One pass for a burst of child events (a pod's status, then its StatefulSet's, ...):
+        the first event schedules it, the others within `delay` join it."""
+        key = (plugin.service, namespace, name)
+        if key in self._scheduled:
+            return
+        self._scheduled.add(key)
+
+        async def later() -> None:
+            await asyncio.sleep(delay)
+            self._scheduled.discard(key)
+            await self.reconcile(plugin, namespace, name)
+
+        self._keep(asyncio.ensure_future(later()))
+
+    def _keep(self, task: asyncio.Future[None]) -> None:
+        self._background.add(task)  # a task nobody references may be collected mid-flight
+        task.add_done_callback(self._background.discard)
+
     def _retry_later(self, plugin: ServicePlugin, key: tuple[str, str, str]) -> None:
         """A failed pass is retried after 2, 4, 8 ... 60 s: never hot, never forgotten."""
         attempt = self._failures.get(key, 0) + 1
@@ -220,9 +240,7 @@ class Operator:
         )
 
         def retry() -> None:
-            task = asyncio.ensure_future(self.reconcile(plugin, key[1], key[2]))
-            self._retries.add(task)
-            task.add_done_callback(self._retries.discard)
+            self._keep(asyncio.ensure_future(self.reconcile(plugin, namespace, name)))
 
         asyncio.get_running_loop().call_later(delay, retry)
 
@@ -250,7 +268,7 @@ class Operator:
             labels = body.get("metadata", {}).get("labels") or {}
             plugin = self.plugins.get(labels.get(LABEL_NAME, ""))
             if plugin and labels.get(LABEL_INSTANCE):
-                await self.reconcile(plugin, body["metadata"]["namespace"], labels[LABEL_INSTANCE])
+                self.reconcile_soon(plugin, body["metadata"]["namespace"], labels[LABEL_INSTANCE])
 
         managed = {LABEL_MANAGED_BY: MANAGER}
         kopf.on.event("apps", "v1", "statefulsets", labels=managed, id="statefulset-changed")(child_changed)
