@@ -233,8 +233,18 @@ def test_a_deleted_pod_comes_back_with_its_role(
 ) -> None:
     create(kube, namespace, "demo", {"version": "15", "storage": {"size": "1Gi"}})
     wait_ready(kube, namespace, "demo", 1)
+    old = kube.get(Pod, "demo-0", namespace=namespace).metadata.uid
     kube.delete(Pod, "demo-0", namespace=namespace)
-    wait_ready(kube, namespace, "demo", 1)
 
+    def new_primary_labelled() -> bool:
+        try:
+            pod = kube.get(Pod, "demo-0", namespace=namespace)
+        except ApiError as error:
+            if error.status.code == 404:
+                return False
+            raise
+        return pod.metadata.uid != old and (pod.metadata.labels or {}).get("statefleet.dev/role") == "primary"
+
+    wait_until("the new demo-0 labelled primary", new_primary_labelled, timeout=120)
+    wait_ready(kube, namespace, "demo", 1)
     assert query(kube, namespace, "demo-rw", "select not pg_is_in_recovery()", retry_for=60) is True
-    assert kube.get(Pod, "demo-0", namespace=namespace).metadata.labels["statefleet.dev/role"] == "primary"

@@ -9,6 +9,7 @@ import time
 import psycopg
 import pytest
 from lightkube import Client, codecs
+from lightkube.core.exceptions import ApiError
 from lightkube.resources.apps_v1 import StatefulSet
 from lightkube.resources.core_v1 import Node, PersistentVolumeClaim, Pod
 
@@ -84,7 +85,12 @@ def test_statefulset_pod_keeps_its_data_when_deleted(kube: Client, namespace: st
     kube.delete(Pod, "pg-0", namespace=namespace)
 
     def replaced() -> Pod | None:
-        pod = kube.get(Pod, "pg-0", namespace=namespace)
+        try:
+            pod = kube.get(Pod, "pg-0", namespace=namespace)
+        except ApiError as error:
+            if error.status.code == 404:  # between the old pod's removal and the new one's creation
+                return None
+            raise
         return pod if pod.metadata.uid != first.metadata.uid and pod_is_ready(pod) else None
 
     second = wait_until("pg-0 recreated and Ready", replaced, timeout=180)
