@@ -47,15 +47,20 @@ def pod_is_ready(pod: Pod) -> bool:
     return any(c.type == "Ready" and c.status == "True" for c in conditions)
 
 
+def get_or_none(kube: Client, resource: Any, name: str, namespace: str) -> Any:
+    """The object, or None while it does not exist (e.g. between a pod and its replacement)."""
+    try:
+        return kube.get(resource, name, namespace=namespace)
+    except ApiError as error:
+        if error.status.code == 404:
+            return None
+        raise
+
+
 def wait_pod_ready(kube: Client, name: str, namespace: str, timeout: float = 120) -> Pod:
     def ready() -> Pod | None:
-        try:
-            pod = kube.get(Pod, name, namespace=namespace)
-        except ApiError as error:
-            if error.status.code == 404:
-                return None
-            raise
-        return pod if pod_is_ready(pod) else None
+        pod = get_or_none(kube, Pod, name, namespace)
+        return pod if pod and pod_is_ready(pod) else None
 
     return wait_until(f"pod {namespace}/{name} Ready", ready, timeout)
 
@@ -70,25 +75,6 @@ def wait_pod_finished(kube: Client, name: str, namespace: str, timeout: float = 
 
 def pod_logs(kube: Client, name: str, namespace: str) -> str:
     return "\n".join(kube.log(name, namespace=namespace))
-
-
-def delete_pod(kube: Client, name: str, namespace: str, wait: float = 60) -> None:
-    """Deletes a pod now and waits until it is gone (absent already is fine)."""
-    try:
-        kube.delete(Pod, name, namespace=namespace, grace_period=0)
-    except ApiError as error:
-        if error.status.code == 404:
-            return
-        raise
-
-    def gone() -> bool:
-        try:
-            kube.get(Pod, name, namespace=namespace)
-        except ApiError as error:
-            return error.status.code == 404
-        return False
-
-    wait_until(f"pod {namespace}/{name} deleted", gone, wait)
 
 
 def delete_namespace(kube: Client, name: str, wait: float = 120) -> None:

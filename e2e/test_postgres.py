@@ -15,7 +15,7 @@ from lightkube.resources.apps_v1 import StatefulSet
 from lightkube.resources.core_v1 import ConfigMap, Event, PersistentVolumeClaim, Pod, Secret, Service
 from lightkube.types import PatchType
 
-from e2e.kube import wait_until
+from e2e.kube import get_or_none, wait_until
 from e2e.operator_process import OperatorProcess
 from framework.operator import resource_class
 from services.postgres import PLUGIN
@@ -237,13 +237,12 @@ def test_a_deleted_pod_comes_back_with_its_role(
     kube.delete(Pod, "demo-0", namespace=namespace)
 
     def new_primary_labelled() -> bool:
-        try:
-            pod = kube.get(Pod, "demo-0", namespace=namespace)
-        except ApiError as error:
-            if error.status.code == 404:
-                return False
-            raise
-        return pod.metadata.uid != old and (pod.metadata.labels or {}).get("statefleet.dev/role") == "primary"
+        pod = get_or_none(kube, Pod, "demo-0", namespace)
+        return (
+            bool(pod)
+            and pod.metadata.uid != old
+            and pod.metadata.labels.get("statefleet.dev/role") == "primary"
+        )
 
     wait_until("the new demo-0 labelled primary", new_primary_labelled, timeout=120)
     wait_ready(kube, namespace, "demo", 1)

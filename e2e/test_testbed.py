@@ -9,12 +9,11 @@ import time
 import psycopg
 import pytest
 from lightkube import Client, codecs
-from lightkube.core.exceptions import ApiError
 from lightkube.resources.apps_v1 import StatefulSet
 from lightkube.resources.core_v1 import Node, PersistentVolumeClaim, Pod
 
 from e2e import manifests
-from e2e.kube import pod_is_ready, pod_logs, wait_pod_finished, wait_pod_ready, wait_until
+from e2e.kube import get_or_none, pod_is_ready, pod_logs, wait_pod_finished, wait_pod_ready, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -85,13 +84,8 @@ def test_statefulset_pod_keeps_its_data_when_deleted(kube: Client, namespace: st
     kube.delete(Pod, "pg-0", namespace=namespace)
 
     def replaced() -> Pod | None:
-        try:
-            pod = kube.get(Pod, "pg-0", namespace=namespace)
-        except ApiError as error:
-            if error.status.code == 404:  # between the old pod's removal and the new one's creation
-                return None
-            raise
-        return pod if pod.metadata.uid != first.metadata.uid and pod_is_ready(pod) else None
+        pod = get_or_none(kube, Pod, "pg-0", namespace)
+        return pod if pod and pod.metadata.uid != first.metadata.uid and pod_is_ready(pod) else None
 
     second = wait_until("pg-0 recreated and Ready", replaced, timeout=180)
     assert (

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -23,7 +22,6 @@ def environment(root: Path = TEMPLATES_DIR) -> jinja2.Environment:
         autoescape=False,  # YAML, not HTML
     )
     env.filters["json"] = lambda value: json.dumps(value, sort_keys=True)
-    env.filters["sha256"] = lambda value: hashlib.sha256(str(value).encode()).hexdigest()[:16]
     return env
 
 
