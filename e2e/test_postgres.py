@@ -39,6 +39,11 @@ def create(kube: Client, namespace: str, name: str, spec: dict[str, Any]) -> Non
     )
 
 
+def patch_spec(kube: Client, namespace: str, name: str, change: dict[str, Any]) -> None:
+    """What `kubectl patch --type merge -p '{"spec": ...}'` does."""
+    kube.patch(Postgres, name, {"spec": change}, namespace=namespace, patch_type=PatchType.MERGE)
+
+
 def condition(kube: Client, namespace: str, name: str, type_: str = "Ready") -> dict[str, Any] | None:
     status = kube.get(Postgres, name, namespace=namespace).to_dict().get("status") or {}
     return next((c for c in status.get("conditions") or [] if c["type"] == type_), None)
@@ -111,7 +116,7 @@ def test_create_scale_update_and_delete(kube: Client, namespace: str, operator: 
 
     # Scale 1 -> 3: two streaming replicas cloned from the primary, read-only through -ro.
     execute(kube, namespace, "demo-rw", "create table orders(id int); insert into orders values (1), (2)")
-    kube.patch(Postgres, "demo", {"spec": {"instances": 3}}, namespace=namespace, patch_type=PatchType.MERGE)
+    patch_spec(kube, namespace, "demo", {"instances": 3})
     status = wait_ready(kube, namespace, "demo", 3)
     assert status["instances"] == "3/3"
     assert query(kube, namespace, "demo-ro", "select pg_is_in_recovery()") is True
@@ -123,13 +128,7 @@ def test_create_scale_update_and_delete(kube: Client, namespace: str, operator: 
     )
 
     # An update of the parameters reaches every instance.
-    kube.patch(
-        Postgres,
-        "demo",
-        {"spec": {"parameters": {"max_connections": "150"}}},
-        namespace=namespace,
-        patch_type=PatchType.MERGE,
-    )
+    patch_spec(kube, namespace, "demo", {"parameters": {"max_connections": "150"}})
     wait_until(
         "max_connections 150 on the primary",
         lambda: query_or_none(kube, namespace, "demo-rw", "show max_connections") == "150",
@@ -218,13 +217,7 @@ def test_bad_input_gets_a_clear_error_naming_the_field(
     # Shrinking the volumes would lose data: refused, and nothing is changed.
     create(kube, namespace, "keep", {"version": "15", "storage": {"size": "1Gi"}})
     wait_ready(kube, namespace, "keep", 1)
-    kube.patch(
-        Postgres,
-        "keep",
-        {"spec": {"storage": {"size": "500Mi"}}},
-        namespace=namespace,
-        patch_type=PatchType.MERGE,
-    )
+    patch_spec(kube, namespace, "keep", {"storage": {"size": "500Mi"}})
 
     def refused_change() -> dict[str, Any] | None:
         found = condition(kube, namespace, "keep")
