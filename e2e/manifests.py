@@ -90,15 +90,18 @@ def postgres_statefulset(name: str, password: str, replicas: int = 1, storage: s
     )
 
 
+# Pod spec fields that put a pod on kwok's simulated nodes only (for pods that need not run).
+ON_KWOK: dict[str, Any] = {
+    "nodeSelector": {"type": "kwok"},
+    "tolerations": [{"key": "kwok.x-k8s.io/node", "operator": "Exists", "effect": "NoSchedule"}],
+}
+
+
 def kwok_statefulset(name: str, replicas: int) -> dict[str, Any]:
     """A StatefulSet whose pods land only on kwok's simulated nodes."""
     return statefulset(
         name,
         replicas,
-        {
-            "nodeSelector": {"type": "kwok"},
-            "tolerations": [{"key": "kwok.x-k8s.io/node", "operator": "Exists", "effect": "NoSchedule"}],
-            "containers": [{"name": "app", "image": "localhost/statefleet/pause:3.10.2"}],
-        },
+        {**ON_KWOK, "containers": [{"name": "app", "image": "localhost/statefleet/pause:3.10.2"}]},
         podManagementPolicy="Parallel",
     )

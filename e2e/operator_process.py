@@ -13,22 +13,26 @@ from e2e.kube import REPO, kubeconfig_path, wait_until
 
 LIVENESS_PORT = 18080
 METRICS_PORT = 19090
+E2E_CATALOG = Path(__file__).resolve().parent / "catalog.yaml"
 
 
 class OperatorProcess:
-    def __init__(self, log_path: Path, namespaces: str) -> None:
+    def __init__(self, log_path: Path, namespaces: str, catalog: Path) -> None:
         self.log_path = log_path
         self.namespaces = namespaces
+        self.catalog = catalog
         self.process: subprocess.Popen[bytes] | None = None
         self.stopped_in = 0.0
 
     @classmethod
-    def start(cls, namespaces: str = "t-*", log_name: str = "operator-e2e.log") -> OperatorProcess:
+    def start(
+        cls, namespaces: str = "t-*", log_name: str = "operator-e2e.log", catalog: Path = E2E_CATALOG
+    ) -> OperatorProcess:
         """The operator for namespaces matching `namespaces` only: an operator installed with
         Helm may own others."""
         log_dir = REPO / ".testbed" / "logs"
         log_dir.mkdir(parents=True, exist_ok=True)
-        operator = cls(log_dir / log_name, namespaces)
+        operator = cls(log_dir / log_name, namespaces, catalog)
         operator.launch()
         return operator
 
@@ -42,6 +46,8 @@ class OperatorProcess:
                     "framework",
                     "operator",
                     "--install-crds",
+                    "--catalog",
+                    str(self.catalog),
                     "--log-format",
                     "plain",
                     "--liveness",

@@ -16,6 +16,7 @@ from lightkube.resources.core_v1 import ConfigMap, Event, PersistentVolumeClaim,
 from lightkube.types import PatchType
 
 from e2e.kube import get_or_none, wait_until
+from e2e.manifests import ON_KWOK
 from e2e.operator_process import OperatorProcess
 from framework.operator import resource_class
 from services.postgres import PLUGIN
@@ -127,8 +128,9 @@ def test_create_scale_update_and_delete(kube: Client, namespace: str, operator: 
         timeout=30,
     )
 
-    # An update of the parameters reaches every instance.
-    patch_spec(kube, namespace, "demo", {"parameters": {"max_connections": "150"}})
+    # An update of the parameters and the resources reaches every instance.
+    resources = {"requests": {"cpu": "50m", "memory": "96Mi"}, "limits": {"memory": "512Mi"}}
+    patch_spec(kube, namespace, "demo", {"parameters": {"max_connections": "150"}, "resources": resources})
     wait_until(
         "max_connections 150 on the primary",
         lambda: query_or_none(kube, namespace, "demo-rw", "show max_connections") == "150",
@@ -137,6 +139,11 @@ def test_create_scale_update_and_delete(kube: Client, namespace: str, operator: 
     )
     wait_ready(kube, namespace, "demo", 3, timeout=300)
     assert query(kube, namespace, "demo-ro", "show max_connections") == "150"
+    for index in range(3):
+        pod = kube.get(Pod, f"demo-{index}", namespace=namespace)
+        postgres = next(c for c in pod.spec.containers if c.name == "postgres")
+        assert postgres.resources.requests == resources["requests"], pod.metadata.name
+        assert postgres.resources.limits == resources["limits"], pod.metadata.name
 
     # Deleting the Postgres removes every child but keeps the volumes (deletionPolicy Retain).
     claims = {c.metadata.name for c in kube.list(PersistentVolumeClaim, namespace=namespace)}
@@ -214,6 +221,21 @@ def test_bad_input_gets_a_clear_error_naming_the_field(
     assert invalid["message"] == "spec.version: '16' is not offered; offered versions: 15, 17"
     assert not list(kube.list(StatefulSet, namespace=namespace))
 
+    # The platform team switched 13 off: refused the same way.
+    create(kube, namespace, "switched-off", {"version": "13", "storage": {"size": "1Gi"}})
+    invalid = wait_until("InvalidSpec", lambda: condition(kube, namespace, "switched-off"), timeout=30)
+    assert invalid["reason"] == "InvalidSpec"
+    assert invalid["message"] == "spec.version: '13' is disabled; offered versions: 15, 17"
+
+    # Another storage class would leave the data behind: refused at admission...
+    classy = {"storage": {"size": "1Gi", "storageClass": "standard"}, "podTemplate": ON_KWOK}
+    create(kube, namespace, "classy", classy)
+    with pytest.raises(ApiError) as refused:
+        patch_spec(kube, namespace, "classy", {"storage": {"size": "1Gi", "storageClass": "fast"}})
+    assert refused.value.status.code == 422
+    assert "spec.storage.storageClass: Invalid value" in refused.value.status.message
+    assert "storageClass is immutable" in refused.value.status.message
+
     # Shrinking the volumes would lose data: refused, and nothing is changed.
     create(kube, namespace, "keep", {"version": "15", "storage": {"size": "1Gi"}})
     wait_ready(kube, namespace, "keep", 1)
@@ -227,6 +249,35 @@ def test_bad_input_gets_a_clear_error_naming_the_field(
     assert "spec.storage.size: shrinking the volumes from 1Gi to 500Mi would lose data" in refusal["message"]
     sts = kube.get(StatefulSet, "keep", namespace=namespace)
     assert sts.spec.volumeClaimTemplates[0].spec.resources.requests["storage"] == "1Gi"
+
+    # ... and by the operator when a class is added to volumes made with the default one.
+    patch_spec(kube, namespace, "keep", {"storage": {"size": "1Gi", "storageClass": "fast"}})
+    refusal = wait_until(
+        "ChangeRefused for the class",
+        lambda: (found := refused_change()) and "storageClass" in found["message"] and found,
+        timeout=30,
+    )
+    assert refusal["message"].startswith(
+        "spec.storage.storageClass: moving the volumes from the cluster's default class to fast"
+    )
+    sts = kube.get(StatefulSet, "keep", namespace=namespace)
+    assert sts.spec.volumeClaimTemplates[0].spec.storageClassName is None
+    claim = kube.get(PersistentVolumeClaim, "data-keep-0", namespace=namespace)
+    assert claim.spec.storageClassName == "standard"
+
+    # Put back, the instance is Ready again without having been touched.
+    patch_spec(kube, namespace, "keep", {"storage": {"size": "1Gi", "storageClass": None}})
+    wait_ready(kube, namespace, "keep", 1)
+
+    # 15 is deprecated in this catalog: it runs, with one warning Event.
+    warnings = [
+        e
+        for e in kube.list(Event, namespace=namespace, fields={"involvedObject.name": "keep"})
+        if e.reason == "DeprecatedVersion"
+    ]
+    assert len(warnings) == 1
+    assert warnings[0].type == "Warning"
+    assert warnings[0].message == "version 15 is deprecated in the catalog"
 
 
 def test_a_deleted_pod_comes_back_with_its_role(

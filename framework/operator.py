@@ -27,6 +27,7 @@ from lightkube.types import PatchType
 
 from framework import metrics
 from framework.catalog import Catalog
+from framework.children import Children
 from framework.crd import GROUP, VERSION
 from framework.plugin import LABEL_INSTANCE, LABEL_MANAGED_BY, LABEL_NAME, MANAGER, Observed, ServicePlugin
 from framework.reconcile import API_VERSION, EventNote, Plan, plan, status_changed
@@ -45,6 +46,11 @@ def resource_class(plugin: ServicePlugin) -> Any:
     return create_namespaced_resource(GROUP, VERSION, plugin.kind, plugin.plural)
 
 
+def about(kind: str, namespace: str, name: str, api_version: str = API_VERSION) -> dict[str, Any]:
+    """`extra` for a log line about one object: JSON logs carry it as `object`, as kopf's do."""
+    return {"k8s_ref": {"apiVersion": api_version, "kind": kind, "namespace": namespace, "name": name}}
+
+
 class Operator:
     def __init__(self, client: AsyncClient, catalog: Catalog, plugins: Iterable[ServicePlugin]) -> None:
         self.client = client
@@ -57,6 +63,9 @@ class Operator:
         self._written: dict[tuple[str, str, str], str] = {}  # resourceVersion of our last status write
         self._background: set[asyncio.Future[None]] = set()
         self._scheduled: set[tuple[str, str, str]] = set()
+        self.children = Children()
+        # Set by the first handler call, which kopf makes only once its indexes are filled.
+        self._watching = asyncio.Event()
 
     # --- observe ------------------------------------------------------------------------
     async def _get(self, resource: Any, name: str, namespace: str) -> dict[str, Any] | None:
@@ -68,18 +77,20 @@ class Operator:
             raise
 
     async def observe(self, plugin: ServicePlugin, body: dict[str, Any], thorough: bool) -> Observed:
-        """Reads the resource's children. Its generated Secrets are read on the first pass and on
-        `thorough` ones (the periodic resync): once made they are never remade, so a status that
-        records an apply means they exist, and a deleted one is recreated by the next resync."""
+        """The resource's children, as the watches last delivered them (no request).
+
+        Generated Secrets are read only on `thorough` passes (the periodic resync): before the
+        first apply they are simply created (a conflict means they exist), and once made they
+        are never remade, so a status that records an apply means they exist; a deleted one is
+        recreated by the next resync."""
         name, namespace = body["metadata"]["name"], body["metadata"]["namespace"]
-        statefulset = await self._get(StatefulSet, name, namespace)
-        selector = {LABEL_NAME: plugin.service, LABEL_INSTANCE: name}
-        pods = [pod.to_dict() async for pod in self.client.list(Pod, namespace=namespace, labels=selector)]
+        statefulset, pods = self.children.of(plugin.service, namespace, name)
         secrets: dict[str, dict[str, Any]] = {}
         applied_before = bool((body.get("status") or {}).get("childrenHash"))
         for generated in plugin.generated_secrets:
-            if applied_before and not thorough:
-                secrets[generated.suffix] = {}  # exists: made by the pass that applied the children
+            if not thorough:
+                if applied_before:
+                    secrets[generated.suffix] = {}  # exists: made by the pass that applied the children
                 continue
             secret = await self._get(Secret, generated.name(name), namespace)
             if secret is not None:
@@ -109,7 +120,14 @@ class Operator:
             for child in planned.children:
                 await self.client.apply(codecs.from_dict(child), field_manager=MANAGER, force=True)
                 metrics.CHILD_APPLIES.labels(plugin.kind, child["kind"]).inc()
-            await self._prune(plugin, observed, planned.children)
+            log.info(
+                "applied %d children (render %s)",
+                len(planned.children),
+                planned.status.get("childrenHash"),
+                extra=about(plugin.kind, observed.namespace, observed.name),
+            )
+            if observed.status.get("childrenHash"):  # before the first apply there is nothing to prune
+                await self._prune(plugin, observed, planned.children)
         # Always: a pod that comes back (deleted, evicted) must get its role label at once.
         await self._label_pods(observed, planned.pod_labels)
         if status_changed(observed.status, planned.status):
@@ -124,6 +142,13 @@ class Operator:
                 written.metadata.resourceVersion
             )
         for note in planned.events:
+            log.log(
+                logging.WARNING if note.type == "Warning" else logging.INFO,
+                "%s: %s",
+                note.reason,
+                note.message,
+                extra=about(plugin.kind, observed.namespace, observed.name),
+            )
             await self.post_event(plugin, body, note)
 
     async def _prune(self, plugin: ServicePlugin, observed: Observed, children: list[dict[str, Any]]) -> None:
@@ -134,10 +159,10 @@ class Operator:
             async for existing in self.client.list(resource, namespace=observed.namespace, labels=selector):
                 if (kind, existing.metadata.name) not in wanted:
                     log.info(
-                        "deleting %s %s/%s: no longer rendered",
+                        "deleting %s %s: no longer rendered",
                         kind,
-                        observed.namespace,
                         existing.metadata.name,
+                        extra=about(plugin.kind, observed.namespace, observed.name),
                     )
                     await self.client.delete(resource, existing.metadata.name, namespace=observed.namespace)
 
@@ -231,12 +256,10 @@ class Operator:
         delay = min(60, 2**attempt)
         _, namespace, name = key
         log.exception(
-            "reconcile of %s %s/%s failed (attempt %d); retry in %ss",
-            plugin.kind,
-            namespace,
-            name,
+            "reconcile failed (attempt %d); retry in %ss",
             attempt,
             delay,
+            extra=about(plugin.kind, namespace, name),
         )
 
         def retry() -> None:
@@ -261,10 +284,12 @@ class Operator:
 
     def register(self) -> None:
         """kopf handlers: the resources themselves, and their children, all into `reconcile`."""
+        self.children.register()
         for plugin in self.plugins.values():
             self._register_plugin(plugin)
 
         async def child_changed(body: dict[str, Any], **_: Any) -> None:
+            self._watching.set()
             labels = body.get("metadata", {}).get("labels") or {}
             plugin = self.plugins.get(labels.get(LABEL_NAME, ""))
             if plugin and labels.get(LABEL_INSTANCE):
@@ -282,6 +307,7 @@ class Operator:
 
     def _register_plugin(self, plugin: ServicePlugin) -> None:
         async def resource_changed(body: dict[str, Any], **_: Any) -> None:
+            self._watching.set()
             meta = body["metadata"]
             if self._written.get((plugin.service, meta["namespace"], meta["name"])) == meta.get(
                 "resourceVersion"
@@ -297,6 +323,8 @@ class Operator:
         put a finalizer on every resource."""
         while True:
             await asyncio.sleep(interval)
+            if not self._watching.is_set():
+                continue  # kopf's first listings are not in yet: children would look missing
             for plugin in self.plugins.values():
                 try:
                     async for resource in self.client.list(resource_class(plugin), namespace="*"):

@@ -25,6 +25,7 @@ from lightkube.resources.core_v1 import Namespace
 from lightkube.types import PatchType
 
 from e2e.kube import client, delete_namespace, kubeconfig_path
+from e2e.manifests import ON_KWOK
 from e2e.operator_process import OperatorProcess
 from framework.catalog import Catalog
 from framework.cli import DEFAULT_CATALOG
@@ -40,10 +41,7 @@ SPEC = {
     "version": "15",
     "instances": 1,
     "storage": {"size": "1Gi"},
-    "podTemplate": {
-        "nodeSelector": {"type": "kwok"},
-        "tolerations": [{"key": "kwok.x-k8s.io/node", "operator": "Exists", "effect": "NoSchedule"}],
-    },
+    "podTemplate": ON_KWOK,
 }
 
 
@@ -125,7 +123,9 @@ def main() -> int:
     plain_ns, operator_ns = f"bench-plain-{run}", f"bench-op-{run}"
     for namespace in (plain_ns, operator_ns):
         kube.create(Namespace(metadata=ObjectMeta(name=namespace)))
-    operator = OperatorProcess.start(namespaces="bench-op-*", log_name="operator-bench.log")
+    operator = OperatorProcess.start(
+        namespaces="bench-op-*", log_name="operator-bench.log", catalog=DEFAULT_CATALOG
+    )
     try:
 
         async def measure() -> dict[str, float]:

@@ -69,10 +69,13 @@ class PostgresPlugin(ServicePlugin):
                 "is not supported yet; set it back to " + current_size
             )
         current_class = existing["spec"].get("storageClassName")
-        if spec.storage.storage_class and current_class and spec.storage.storage_class != current_class:
+        wanted_class = spec.storage.storage_class
+        if wanted_class and wanted_class != current_class:
+            # Admission refuses a changed class; this catches one added after creation.
+            current = current_class or "the cluster's default class"
             return (
-                f"spec.storage.storageClass: moving the volumes from {current_class} to "
-                f"{spec.storage.storage_class} would lose data; it cannot change"
+                f"spec.storage.storageClass: moving the volumes from {current} to {wanted_class} "
+                "would lose data; it cannot change (remove the field to keep the volumes where they are)"
             )
         return None
 

@@ -177,6 +177,29 @@ def test_changes_that_would_lose_data_are_refused(storage: dict, message: str) -
     assert message in ready["message"]
 
 
+def test_a_class_added_to_volumes_made_with_the_default_class_is_refused() -> None:
+    made_with_default = existing_statefulset("1Gi", storage_class=None)
+    added = plan(
+        PLUGIN,
+        observed({"storage": {"size": "1Gi", "storageClass": "fast"}}, statefulset=made_with_default),
+        CATALOG,
+        "uid",
+    )
+    ready = next(c for c in added.status["conditions"] if c["type"] == "Ready")
+    assert ready["reason"] == "ChangeRefused"
+    assert "from the cluster's default class to fast" in ready["message"]
+    # Leaving the field out keeps the volumes where they are: nothing to refuse.
+    kept = plan(
+        PLUGIN,
+        observed({"storage": {"size": "1Gi"}}, statefulset=existing_statefulset("1Gi", "standard")),
+        CATALOG,
+        "uid",
+    )
+    assert kept.apply
+    statefulset = next(c for c in kept.children if c["kind"] == "StatefulSet")
+    assert statefulset["spec"]["volumeClaimTemplates"][0]["spec"]["storageClassName"] == "standard"
+
+
 def test_status_roles_and_a_second_pass_change_nothing() -> None:
     spec = {"instances": 3, "storage": {"size": "1Gi"}}
     pods = [ready_pod("demo-0"), ready_pod("demo-1")]
