@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 POSTGRES_15 = "localhost/statefleet/postgres:15"
+PAUSE_IMAGE = "localhost/statefleet/pause:3.10.2"
 
 
 def postgres_container(password: str, image: str = POSTGRES_15) -> dict[str, Any]:
@@ -102,6 +103,6 @@ def kwok_statefulset(name: str, replicas: int) -> dict[str, Any]:
     return statefulset(
         name,
         replicas,
-        {**ON_KWOK, "containers": [{"name": "app", "image": "localhost/statefleet/pause:3.10.2"}]},
+        {**ON_KWOK, "containers": [{"name": "app", "image": PAUSE_IMAGE}]},
         podManagementPolicy="Parallel",
     )

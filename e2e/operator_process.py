@@ -101,6 +101,13 @@ class OperatorProcess:
         self.stopped_in = time.monotonic() - started
         self.process = None
 
+    def kill(self) -> None:
+        """SIGKILL, as an OOM kill or a lost node would."""
+        assert self.process is not None
+        self.process.kill()
+        self.process.wait()
+        self.process = None
+
     def restart(self) -> None:
         self.stop()
         time.sleep(0.5)

@@ -2,6 +2,8 @@
 
 statefleet operator [--catalog FILE] [--namespace NS ...] [--install-crds]
 statefleet crds           # print the CRDs generated from the models
+statefleet rollout status|pause|resume|promote|abort|undo NAME [-n NS]
+                          # also as `kubectl statefleet rollout ...` (the kubectl-statefleet script)
 """
 
 from __future__ import annotations
@@ -21,10 +23,12 @@ from lightkube import AsyncClient, codecs
 
 from framework import metrics
 from framework.catalog import Catalog
+from framework.commands import rollout
 from framework.crd import render_all
 from framework.operator import Operator
 from framework.plugin import MANAGER
 from framework.registry import load_plugins
+from framework.rollout.controller import RolloutController
 
 DEFAULT_CATALOG = Path(__file__).resolve().parent.parent / "examples" / "catalog.yaml"
 
@@ -45,6 +49,7 @@ async def run_operator(args: argparse.Namespace) -> None:
         metrics.serve(args.metrics_port)
     operator = Operator(client, catalog, load_plugins())
     operator.register()
+    RolloutController(client).register()
 
     @kopf.on.startup()
     def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
@@ -66,7 +71,8 @@ async def run_operator(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="statefleet", description="Statefleet: data services on Kubernetes")
+    program = "kubectl statefleet" if Path(sys.argv[0]).name == "kubectl-statefleet" else "statefleet"
+    parser = argparse.ArgumentParser(prog=program, description="Statefleet: data services on Kubernetes")
     commands = parser.add_subparsers(dest="command", required=True)
     operator = commands.add_parser("operator", help="run every controller against the current kubeconfig")
     operator.add_argument("--catalog", default=os.environ.get("STATEFLEET_CATALOG", str(DEFAULT_CATALOG)))
@@ -85,11 +91,14 @@ def main(argv: list[str] | None = None) -> int:
         help="serve Prometheus metrics on this port (0: not at all)",
     )
     commands.add_parser("crds", help="print the CustomResourceDefinitions")
+    rollout.add(commands)
     args = parser.parse_args(argv)
 
     if args.command == "crds":
         print("---\n".join(render_all().values()), end="")
         return 0
+    if args.command == "rollout":
+        return rollout.run(args)
     kopf.configure(
         log_format=kopf.LogFormat.JSON if args.log_format == "json" else kopf.LogFormat.FULL,
         verbose=False,

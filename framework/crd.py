@@ -38,15 +38,16 @@ def _clean(node: Any, definitions: dict[str, Any]) -> Any:
     if not isinstance(node, dict):
         return node
     node = dict(node)
-    if "$ref" in node:
-        target = copy.deepcopy(definitions[node.pop("$ref").rsplit("/", 1)[-1]])
-        node = {**target, **node}
-    if "anyOf" in node:  # Optional[X]: X, since absent already means None
-        variants = [v for v in node.pop("anyOf") if v.get("type") != "null"]
-        if len(variants) == 1:
-            node = {**variants[0], **node}
-        else:
-            node["x-kubernetes-int-or-string"] = True
+    while "$ref" in node or "anyOf" in node:  # Optional[Model] is an anyOf holding a $ref
+        if "$ref" in node:
+            target = copy.deepcopy(definitions[node.pop("$ref").rsplit("/", 1)[-1]])
+            node = {**target, **node}
+        if "anyOf" in node:  # Optional[X]: X, since absent already means None
+            variants = [v for v in node.pop("anyOf") if v.get("type") != "null"]
+            if len(variants) == 1:
+                node = {**variants[0], **node}
+            else:
+                node["x-kubernetes-int-or-string"] = True
     if "enum" in node and "type" not in node:
         node["type"] = "string"
     if node.get("x-kubernetes-preserve-unknown-fields"):
@@ -114,10 +115,10 @@ def build_crd(
 def render_all() -> dict[str, str]:
     """File name -> YAML of every plugin's CRD."""
     from framework.registry import load_plugins
+    from framework.rollout.spec import rollout_crd
 
     rendered = {}
-    for plugin in load_plugins():
-        crd = plugin.crd()
+    for crd in [plugin.crd() for plugin in load_plugins()] + [rollout_crd()]:
         rendered[f"{crd['metadata']['name']}.yaml"] = yaml.safe_dump(crd, sort_keys=False, width=100)
     return rendered
 

@@ -24,6 +24,14 @@ CHILD_APPLIES = Counter(
 API_REQUESTS = Counter(
     "statefleet_api_requests_total", "Requests to the Kubernetes API (watches excepted), by verb", ["verb"]
 )
+ROLLOUT_PODS_TAKEN_DOWN = Counter(
+    "statefleet_rollout_pods_taken_down_total",
+    "Pods a StatefulsetRollout took down to update or roll them back, by how (evicted, deleted)",
+    ["how"],
+)
+ROLLOUT_EVENTS = Counter(
+    "statefleet_rollout_events_total", "StatefulsetRollout transitions (Events posted), by reason", ["reason"]
+)
 READY = Gauge("statefleet_resources_ready", "Resources whose Ready condition is True, by kind", ["kind"])
 NOT_READY = Gauge(
     "statefleet_resources_not_ready", "Resources whose Ready condition is not True, by kind", ["kind"]

@@ -11,26 +11,25 @@ import asyncio
 import fnmatch
 import logging
 from collections.abc import Iterable
-from datetime import UTC, datetime
 from typing import Any
 
 import kopf
 from lightkube import AsyncClient, codecs
 from lightkube.core.exceptions import ApiError
 from lightkube.generic_resource import create_namespaced_resource
-from lightkube.models.core_v1 import EventSource, ObjectReference
-from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.apps_v1 import StatefulSet
-from lightkube.resources.core_v1 import ConfigMap, Event, Pod, Secret, Service
+from lightkube.resources.core_v1 import ConfigMap, Pod, Secret, Service
 from lightkube.resources.policy_v1 import PodDisruptionBudget
 from lightkube.types import PatchType
 
 from framework import metrics
+from framework.api import about, get_or_none, post_event
 from framework.catalog import Catalog
 from framework.children import Children
 from framework.crd import GROUP, VERSION
 from framework.plugin import LABEL_INSTANCE, LABEL_MANAGED_BY, LABEL_NAME, MANAGER, Observed, ServicePlugin
-from framework.reconcile import API_VERSION, EventNote, Plan, plan, status_changed
+from framework.queue import WorkQueue
+from framework.reconcile import Plan, plan, status_changed, status_patch
 
 log = logging.getLogger("statefleet")
 
@@ -46,36 +45,19 @@ def resource_class(plugin: ServicePlugin) -> Any:
     return create_namespaced_resource(GROUP, VERSION, plugin.kind, plugin.plural)
 
 
-def about(kind: str, namespace: str, name: str, api_version: str = API_VERSION) -> dict[str, Any]:
-    """`extra` for a log line about one object: JSON logs carry it as `object`, as kopf's do."""
-    return {"k8s_ref": {"apiVersion": api_version, "kind": kind, "namespace": namespace, "name": name}}
-
-
 class Operator:
     def __init__(self, client: AsyncClient, catalog: Catalog, plugins: Iterable[ServicePlugin]) -> None:
         self.client = client
         self.catalog = catalog
         self.plugins = {plugin.service: plugin for plugin in plugins}
-        self._locks: dict[tuple[str, str, str], asyncio.Lock] = {}
-        self._dirty: set[tuple[str, str, str]] = set()
+        self.queue = WorkQueue(self._reconcile_once, self._describe)
         self._readiness: dict[tuple[str, str, str], bool] = {}
-        self._failures: dict[tuple[str, str, str], int] = {}
         self._written: dict[tuple[str, str, str], str] = {}  # resourceVersion of our last status write
-        self._background: set[asyncio.Future[None]] = set()
-        self._scheduled: set[tuple[str, str, str]] = set()
         self.children = Children()
         # Set by the first handler call, which kopf makes only once its indexes are filled.
         self._watching = asyncio.Event()
 
     # --- observe ------------------------------------------------------------------------
-    async def _get(self, resource: Any, name: str, namespace: str) -> dict[str, Any] | None:
-        try:
-            return (await self.client.get(resource, name, namespace=namespace)).to_dict()
-        except ApiError as error:
-            if error.status.code == 404:
-                return None
-            raise
-
     async def observe(self, plugin: ServicePlugin, body: dict[str, Any], thorough: bool) -> Observed:
         """The resource's children, as the watches last delivered them (no request).
 
@@ -92,7 +74,7 @@ class Operator:
                 if applied_before:
                     secrets[generated.suffix] = {}  # exists: made by the pass that applied the children
                 continue
-            secret = await self._get(Secret, generated.name(name), namespace)
+            secret = await get_or_none(self.client, Secret, generated.name(name), namespace)
             if secret is not None:
                 secrets[generated.suffix] = secret
         return Observed(
@@ -134,7 +116,7 @@ class Operator:
             written = await self.client.patch(
                 resource_class(plugin).Status,
                 observed.name,
-                {"status": planned.status},
+                status_patch(observed.status, planned.status),
                 namespace=observed.namespace,
                 patch_type=PatchType.MERGE,
             )
@@ -142,14 +124,7 @@ class Operator:
                 written.metadata.resourceVersion
             )
         for note in planned.events:
-            log.log(
-                logging.WARNING if note.type == "Warning" else logging.INFO,
-                "%s: %s",
-                note.reason,
-                note.message,
-                extra=about(plugin.kind, observed.namespace, observed.name),
-            )
-            await self.post_event(plugin, body, note)
+            await post_event(self.client, plugin.kind, body, note)
 
     async def _prune(self, plugin: ServicePlugin, observed: Observed, children: list[dict[str, Any]]) -> None:
         wanted = {(c["kind"], c["metadata"]["name"]) for c in children}
@@ -178,99 +153,36 @@ class Operator:
                     patch_type=PatchType.MERGE,
                 )
 
-    async def post_event(self, plugin: ServicePlugin, body: dict[str, Any], note: EventNote) -> None:
-        meta = body["metadata"]
-        now = datetime.now(UTC)
-        event = Event(
-            metadata=ObjectMeta(generateName=f"{meta['name']}.", namespace=meta["namespace"]),
-            involvedObject=ObjectReference(
-                apiVersion=API_VERSION,
-                kind=plugin.kind,
-                name=meta["name"],
-                namespace=meta["namespace"],
-                uid=meta["uid"],
-            ),
-            reason=note.reason,
-            message=note.message,
-            type=note.type,
-            source=EventSource(component=MANAGER),
-            reportingComponent=MANAGER,
-            firstTimestamp=now,
-            lastTimestamp=now,
-            count=1,
-        )
-        await self.client.create(event)
-
     # --- the loop ---------------------------------------------------------------------------
     async def reconcile(
         self, plugin: ServicePlugin, namespace: str, name: str, force_apply: bool = False
     ) -> None:
-        key = (plugin.service, namespace, name)
-        lock = self._locks.setdefault(key, asyncio.Lock())
-        if lock.locked():
-            self._dirty.add(key)  # the running pass will go round once more
+        await self.queue.process((plugin.service, namespace, name), thorough=force_apply)
+
+    def reconcile_soon(self, plugin: ServicePlugin, namespace: str, name: str) -> None:
+        """One pass for a burst of child events (a pod's status, then its StatefulSet's, ...)."""
+        self.queue.soon((plugin.service, namespace, name))
+
+    async def _reconcile_once(self, key: tuple[str, str, str], force_apply: bool) -> None:
+        service, namespace, name = key
+        plugin = self.plugins[service]
+        body = await get_or_none(self.client, resource_class(plugin), name, namespace)
+        if body is None or body["metadata"].get("deletionTimestamp"):
+            self._forget(key)
             return
-        async with lock:
-            while True:
-                self._dirty.discard(key)
-                try:
-                    body = await self._get(resource_class(plugin), name, namespace)
-                    if body is None or body["metadata"].get("deletionTimestamp"):
-                        self._forget(key)
-                        return
-                    with metrics.timed_reconcile(plugin.kind):
-                        observed = await self.observe(plugin, body, thorough=force_apply)
-                        planned = plan(plugin, observed, self.catalog, body["metadata"]["uid"], force_apply)
-                        await self.execute(plugin, body, planned, observed)
-                except Exception:
-                    self._retry_later(plugin, key)
-                    return
-                self._failures.pop(key, None)
-                self._record_readiness(plugin, key, planned)
-                if key not in self._dirty:
-                    return
+        with metrics.timed_reconcile(plugin.kind):
+            observed = await self.observe(plugin, body, thorough=force_apply)
+            planned = plan(plugin, observed, self.catalog, body["metadata"]["uid"], force_apply)
+            await self.execute(plugin, body, planned, observed)
+        self._record_readiness(plugin, key, planned)
 
-    def reconcile_soon(self, plugin: ServicePlugin, namespace: str, name: str, delay: float = 0.5) -> None:
-        """One pass for a burst of child events (a pod's status, then its StatefulSet's, ...):
-        the first event schedules it, the others within `delay` join it."""
-        key = (plugin.service, namespace, name)
-        if key in self._scheduled:
-            return
-        self._scheduled.add(key)
-
-        async def later() -> None:
-            await asyncio.sleep(delay)
-            self._scheduled.discard(key)
-            await self.reconcile(plugin, namespace, name)
-
-        self._keep(asyncio.ensure_future(later()))
-
-    def _keep(self, task: asyncio.Future[None]) -> None:
-        self._background.add(task)  # a task nobody references may be collected mid-flight
-        task.add_done_callback(self._background.discard)
-
-    def _retry_later(self, plugin: ServicePlugin, key: tuple[str, str, str]) -> None:
-        """A failed pass is retried after 2, 4, 8 ... 60 s: never hot, never forgotten."""
-        attempt = self._failures.get(key, 0) + 1
-        self._failures[key] = attempt
-        delay = min(60, 2**attempt)
-        _, namespace, name = key
-        log.exception(
-            "reconcile failed (attempt %d); retry in %ss",
-            attempt,
-            delay,
-            extra=about(plugin.kind, namespace, name),
-        )
-
-        def retry() -> None:
-            self._keep(asyncio.ensure_future(self.reconcile(plugin, namespace, name)))
-
-        asyncio.get_running_loop().call_later(delay, retry)
+    def _describe(self, key: tuple[str, str, str]) -> dict[str, Any]:
+        service, namespace, name = key
+        return about(self.plugins[service].kind, namespace, name)
 
     def _forget(self, key: tuple[str, str, str]) -> None:
-        self._locks.pop(key, None)
+        self.queue.forget(key)
         self._readiness.pop(key, None)
-        self._failures.pop(key, None)
         self._written.pop(key, None)
 
     def _record_readiness(self, plugin: ServicePlugin, key: tuple[str, str, str], planned: Plan) -> None:

@@ -217,3 +217,9 @@ def _transition_events(
 
 def status_changed(current: dict[str, Any], desired: dict[str, Any]) -> bool:
     return _without_kopf(current) != _without_kopf(desired)
+
+
+def status_patch(current: dict[str, Any], desired: dict[str, Any]) -> dict[str, Any]:
+    """A merge patch from `current` to `desired`: fields no longer wanted are set to null."""
+    gone = {k: None for k in _without_kopf(current) if k not in desired}
+    return {"status": {**gone, **_without_kopf(desired)}}

@@ -8,7 +8,7 @@ import logging
 import kopf
 import pytest
 
-from framework.operator import about
+from framework.api import about
 
 pytestmark = pytest.mark.unit
 

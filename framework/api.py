@@ -1,0 +1,60 @@
+"""Small helpers over the Kubernetes API that every controller uses."""
+
+from __future__ import annotations
+
+import logging
+from datetime import UTC, datetime
+from typing import Any
+
+from lightkube import AsyncClient
+from lightkube.core.exceptions import ApiError
+from lightkube.models.core_v1 import EventSource, ObjectReference
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.core_v1 import Event
+
+from framework.plugin import MANAGER
+from framework.reconcile import API_VERSION, EventNote
+
+log = logging.getLogger("statefleet")
+
+
+def about(kind: str, namespace: str, name: str, api_version: str = API_VERSION) -> dict[str, Any]:
+    """`extra` for a log line about one object: JSON logs carry it as `object`, as kopf's do."""
+    return {"k8s_ref": {"apiVersion": api_version, "kind": kind, "namespace": namespace, "name": name}}
+
+
+async def get_or_none(client: AsyncClient, resource: Any, name: str, namespace: str) -> dict[str, Any] | None:
+    try:
+        return (await client.get(resource, name, namespace=namespace)).to_dict()
+    except ApiError as error:
+        if error.status.code == 404:
+            return None
+        raise
+
+
+async def post_event(client: AsyncClient, kind: str, body: dict[str, Any], note: EventNote) -> None:
+    """A core v1 Event about `body`, logged too (the log line names the object)."""
+    meta = body["metadata"]
+    log.log(
+        logging.WARNING if note.type == "Warning" else logging.INFO,
+        "%s: %s",
+        note.reason,
+        note.message,
+        extra=about(kind, meta["namespace"], meta["name"]),
+    )
+    now = datetime.now(UTC)
+    event = Event(
+        metadata=ObjectMeta(generateName=f"{meta['name']}.", namespace=meta["namespace"]),
+        involvedObject=ObjectReference(
+            apiVersion=API_VERSION, kind=kind, name=meta["name"], namespace=meta["namespace"], uid=meta["uid"]
+        ),
+        reason=note.reason,
+        message=note.message,
+        type=note.type,
+        source=EventSource(component=MANAGER),
+        reportingComponent=MANAGER,
+        firstTimestamp=now,
+        lastTimestamp=now,
+        count=1,
+    )
+    await client.create(event)

@@ -1,0 +1,233 @@
+"""The StatefulsetRollout controller's I/O: watches, the pass, and what it does to the cluster.
+
+A pass reads the rollout, takes its StatefulSet and pods from kopf indexes (no request),
+plans (pure, `plan.py`), then: applies the StatefulSet (server-side apply), evicts pods
+through the Eviction API (PodDisruptionBudgets hold; a refused eviction is tried again on the
+next pass), deletes pods that are unavailable anyway, writes status when it changed, posts
+Events, and asks the queue for the next pass when time alone will change something.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+import kopf
+from lightkube import AsyncClient, codecs
+from lightkube.core.exceptions import ApiError
+from lightkube.generic_resource import create_namespaced_resource
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.apps_v1 import ControllerRevision
+from lightkube.resources.core_v1 import Pod
+from lightkube.resources.policy_v1 import PodDisruptionBudget
+from lightkube.types import PatchType
+
+from framework import metrics
+from framework.api import about, get_or_none, post_event
+from framework.children import slim
+from framework.crd import GROUP, VERSION
+from framework.plugin import MANAGER
+from framework.queue import WorkQueue
+from framework.reconcile import status_changed, status_patch
+from framework.rollout.plan import ROLLOUT_LABEL, RolloutObserved, RolloutPlan, plan_rollout
+from framework.rollout.spec import KIND, PLURAL
+
+log = logging.getLogger("statefleet")
+
+Rollout = create_namespaced_resource(GROUP, VERSION, KIND, PLURAL)
+PODS_INDEX = "statefleet_rollout_pods"
+STATEFULSETS_INDEX = "statefleet_rollout_statefulsets"
+Key = tuple[str, str]  # namespace, name
+
+
+def rollout_key(body: Mapping[str, Any]) -> Key | None:
+    metadata = body.get("metadata") or {}
+    name = (metadata.get("labels") or {}).get(ROLLOUT_LABEL)
+    return (metadata.get("namespace", ""), name) if name else None
+
+
+def index_pod(body: kopf.Body, **_: Any) -> dict[Key, dict[str, Any]]:
+    key = rollout_key(body)
+    return {key: slim(body, ("status",))} if key else {}
+
+
+def index_statefulset(body: kopf.Body, **_: Any) -> dict[Key, dict[str, Any]]:
+    key = rollout_key(body)
+    return {key: slim(body, ("spec", "status"))} if key else {}
+
+
+def selector_matches(selector: Mapping[str, Any] | None, labels: Mapping[str, str]) -> bool:
+    """A label selector (matchLabels and matchExpressions) against a set of labels; as in a
+    PodDisruptionBudget, a null selector matches nothing and an empty one everything."""
+    if selector is None:
+        return False
+    if any(labels.get(k) != v for k, v in (selector.get("matchLabels") or {}).items()):
+        return False
+    for expression in selector.get("matchExpressions") or []:
+        key, operator, values = expression["key"], expression["operator"], expression.get("values") or []
+        present = key in labels
+        if operator == "In" and not (present and labels[key] in values):
+            return False
+        if operator == "NotIn" and present and labels[key] in values:
+            return False
+        if operator == "Exists" and not present:
+            return False
+        if operator == "DoesNotExist" and present:
+            return False
+    return True
+
+
+def revision_template(revision: dict[str, Any]) -> dict[str, Any]:
+    """The pod template a StatefulSet's ControllerRevision records."""
+    template = dict(revision["data"]["spec"]["template"])
+    template.pop("$patch", None)
+    return template
+
+
+class RolloutController:
+    def __init__(self, client: AsyncClient) -> None:
+        self.client = client
+        self.queue = WorkQueue(self._reconcile_once, self._describe)
+        self._pods: Mapping[Key, Any] = {}
+        self._statefulsets: Mapping[Key, Any] = {}
+        self._written: dict[Key, str] = {}
+
+    def register(self) -> None:
+        kopf.index("", "v1", "pods", labels={ROLLOUT_LABEL: kopf.PRESENT}, id=PODS_INDEX)(index_pod)
+        kopf.index("apps", "v1", "statefulsets", labels={ROLLOUT_LABEL: kopf.PRESENT}, id=STATEFULSETS_INDEX)(
+            index_statefulset
+        )
+
+        @kopf.on.startup(id="statefleet-rollout-indexes")
+        def attach(**indices: Any) -> None:
+            self._pods = indices[PODS_INDEX]
+            self._statefulsets = indices[STATEFULSETS_INDEX]
+
+        async def rollout_changed(body: kopf.Body, **_: Any) -> None:
+            meta = body["metadata"]
+            key = (meta["namespace"], meta["name"])
+            if self._written.get(key) == meta.get("resourceVersion"):
+                return  # the echo of our own status write
+            await self.queue.process(key)
+
+        async def child_changed(body: kopf.Body, **_: Any) -> None:
+            key = rollout_key(body)
+            if key:
+                self.queue.soon(key, delay=0.2)
+
+        kopf.on.event(GROUP, VERSION, PLURAL, id="statefulsetrollout-changed")(rollout_changed)
+        kopf.on.event("apps", "v1", "statefulsets", labels={ROLLOUT_LABEL: kopf.PRESENT}, id="rollout-sts")(
+            child_changed
+        )
+        kopf.on.event("", "v1", "pods", labels={ROLLOUT_LABEL: kopf.PRESENT}, id="rollout-pods")(
+            child_changed
+        )
+
+    def _describe(self, key: Key) -> dict[str, Any]:
+        return about(KIND, *key)
+
+    def _children(self, key: Key) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+        name = key[1]
+        statefulsets = [s for s in self._statefulsets.get(key, ()) if s["metadata"].get("name") == name]
+        return (statefulsets[0] if statefulsets else None), list(self._pods.get(key, ()))
+
+    async def _disruptions_allowed(self, namespace: str, labels: Mapping[str, str]) -> int | None:
+        """The tightest PodDisruptionBudget over the pods, if any covers them."""
+        allowed = None
+        async for budget in self.client.list(PodDisruptionBudget, namespace=namespace):
+            selector = budget.spec.selector.to_dict() if budget.spec and budget.spec.selector else None
+            if selector_matches(selector, labels):
+                value = budget.status.disruptionsAllowed if budget.status else 0
+                allowed = value if allowed is None else min(allowed, value)
+        return allowed
+
+    async def _reconcile_once(self, key: Key, thorough: bool) -> float | None:
+        namespace, name = key
+        body = await get_or_none(self.client, Rollout, name, namespace)
+        if body is None or body["metadata"].get("deletionTimestamp"):
+            self.queue.forget(key)
+            self._written.pop(key, None)
+            return None
+        with metrics.timed_reconcile(KIND):
+            statefulset, pods = self._children(key)
+            status = body.get("status") or {}
+            observed = RolloutObserved(
+                name=name,
+                namespace=namespace,
+                uid=body["metadata"]["uid"],
+                generation=body["metadata"].get("generation", 0),
+                spec=body.get("spec") or {},
+                status=status,
+                statefulset=statefulset,
+                pods=pods,
+                now=datetime.now(UTC),
+            )
+            rolling = status.get("updateTemplateHash") != status.get("stableTemplateHash") or status.get(
+                "abortedTemplateHash"
+            )
+            if statefulset is not None and rolling:
+                labels = (
+                    ((body.get("spec") or {}).get("statefulSet") or {})
+                    .get("template", {})
+                    .get("metadata", {})
+                )
+                observed.disruptions_allowed = await self._disruptions_allowed(
+                    namespace, {**(labels.get("labels") or {}), ROLLOUT_LABEL: name}
+                )
+            planned = plan_rollout(observed)
+            if planned.needs_stable_template:
+                revision = await get_or_none(
+                    self.client, ControllerRevision, status["stableRevision"], namespace
+                )
+                if revision is None:
+                    raise RuntimeError(
+                        f"the stable revision {status['stableRevision']} is gone: cannot roll back"
+                    )
+                observed.stable_template = revision_template(revision)
+                planned = plan_rollout(observed)
+            await self._execute(body, observed, planned)
+        return planned.requeue_after
+
+    async def _execute(self, body: dict[str, Any], observed: RolloutObserved, planned: RolloutPlan) -> None:
+        namespace = observed.namespace
+        if planned.statefulset is not None:
+            await self.client.apply(codecs.from_dict(planned.statefulset), field_manager=MANAGER, force=True)
+        for pod in planned.evict:
+            try:
+                await self.client.create(
+                    Pod.Eviction(metadata=ObjectMeta(name=pod, namespace=namespace)),
+                    name=pod,
+                    namespace=namespace,
+                )
+                metrics.ROLLOUT_PODS_TAKEN_DOWN.labels("evicted").inc()
+            except ApiError as error:
+                if error.status.code == 429:  # a PodDisruptionBudget says not now: next pass
+                    log.info(
+                        "eviction of %s refused for now: %s",
+                        pod,
+                        error.status.message,
+                        extra=self._describe((namespace, observed.name)),
+                    )
+                elif error.status.code != 404:
+                    raise
+        for pod in planned.delete:
+            try:
+                await self.client.delete(Pod, pod, namespace=namespace)
+                metrics.ROLLOUT_PODS_TAKEN_DOWN.labels("deleted").inc()
+            except ApiError as error:
+                if error.status.code != 404:
+                    raise
+        if status_changed(observed.status, planned.status):
+            written = await self.client.patch(
+                Rollout.Status,
+                observed.name,
+                status_patch(observed.status, planned.status),
+                namespace=namespace,
+                patch_type=PatchType.MERGE,
+            )
+            self._written[(namespace, observed.name)] = written.metadata.resourceVersion
+        for note in planned.events:
+            metrics.ROLLOUT_EVENTS.labels(note.reason).inc()
+            await post_event(self.client, KIND, body, note)

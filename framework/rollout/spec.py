@@ -1,0 +1,258 @@
+"""The `StatefulsetRollout` resource: a StatefulSet spec and the strategy that rolls it out."""
+
+from __future__ import annotations
+
+import math
+import re
+from enum import StrEnum
+from typing import Any
+
+from pydantic import ConfigDict, Field, field_validator, model_validator
+
+from framework.crd import build_crd
+from framework.spec import ApiModel
+
+KIND = "StatefulsetRollout"
+PLURAL = "statefulsetrollouts"
+SHORT_NAMES = ("stsr",)
+
+DURATION = re.compile(r"^(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?$")
+PERCENT = re.compile(r"^(\d{1,3})%$")
+
+
+def parse_duration(text: str) -> float:
+    """Seconds in a duration as Kubernetes users write them: 30s, 5m, 1h30m."""
+    match = DURATION.match(text)
+    if not text or not match:
+        raise ValueError(f"{text!r} is not a duration like 30s, 5m or 1h30m")
+    hours, minutes, seconds = (int(g or 0) for g in match.groups())
+    return hours * 3600 + minutes * 60 + seconds
+
+
+def resolve_count(value: int | str, total: int, round_up: bool) -> int:
+    """A count or a percentage of `total`, as Kubernetes resolves maxUnavailable (down)."""
+    if isinstance(value, int):
+        return value
+    match = PERCENT.match(value)
+    if not match:
+        raise ValueError(f"{value!r} is neither a count nor a percentage like 25%")
+    exact = int(match.group(1)) * total / 100
+    return math.ceil(exact) if round_up else math.floor(exact)
+
+
+STEP_RULE = {
+    "rule": "[has(self.setPercent), has(self.setCount), has(self.pause)].filter(x, x).size() == 1",
+    "message": "a step sets exactly one of setPercent, setCount, pause",
+}
+
+
+class Pause(ApiModel):
+    duration: str | None = Field(
+        default=None, description="How long to pause (30s, 5m, 1h); empty: until promoted or resumed."
+    )
+
+    @field_validator("duration")
+    @classmethod
+    def is_duration(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_duration(value)
+        return value
+
+
+class Step(ApiModel):
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [STEP_RULE]})
+    set_percent: int | None = Field(
+        default=None, ge=0, le=100, description="Percent of the replicas on the new revision after the step."
+    )
+    set_count: int | None = Field(
+        default=None, ge=0, description="Replicas on the new revision after the step."
+    )
+    pause: Pause | None = None
+
+    @model_validator(mode="after")
+    def exactly_one(self) -> Step:
+        chosen = [n for n in ("set_percent", "set_count", "pause") if getattr(self, n) is not None]
+        if len(chosen) != 1:
+            raise ValueError("a step sets exactly one of setPercent, setCount, pause")
+        return self
+
+
+class Strategy(ApiModel):
+    steps: list[Step] = Field(
+        min_length=1,
+        description="setPercent / setCount / pause steps; after the last one every replica is updated.",
+    )
+    max_unavailable: int | str = Field(
+        default="25%",
+        description="Replicas that may be unavailable at once (count or percent, at least 1).",
+        json_schema_extra={"x-kubernetes-int-or-string": True},
+    )
+    min_ready_seconds: int = Field(
+        default=0, ge=0, description="A new pod counts as available after being Ready this long."
+    )
+    progress_deadline_seconds: int = Field(
+        default=600, ge=1, description="A batch not available within this many seconds fails the rollout."
+    )
+    auto_rollback: bool = Field(default=True, description="On failure, go back to the stable revision.")
+
+    @field_validator("max_unavailable")
+    @classmethod
+    def count_or_percent(cls, value: int | str) -> int | str:
+        if isinstance(value, int):
+            if value < 1:
+                raise ValueError("must be at least 1")
+            return value
+        resolve_count(value, 100, round_up=False)
+        return value
+
+    def budget(self, replicas: int) -> int:
+        return max(1, resolve_count(self.max_unavailable, replicas, round_up=False))
+
+
+class Selector(ApiModel):
+    match_labels: dict[str, str] = Field(min_length=1)
+
+
+class TemplateMetadata(ApiModel):
+    model_config = ConfigDict(extra="allow")  # merged with ApiModel's
+    labels: dict[str, str] = Field(min_length=1)
+    annotations: dict[str, str] = Field(default_factory=dict)
+
+
+class PodTemplate(ApiModel):
+    metadata: TemplateMetadata
+    spec: dict[str, Any] = Field(json_schema_extra={"x-kubernetes-preserve-unknown-fields": True})
+
+
+class PodManagementPolicy(StrEnum):
+    PARALLEL = "Parallel"
+    ORDERED_READY = "OrderedReady"
+
+
+SELECTOR_RULE = {
+    "rule": "self.selector.matchLabels.all(k, k in self.template.metadata.labels"
+    " && self.template.metadata.labels[k] == self.selector.matchLabels[k])",
+    "message": "selector.matchLabels must match template.metadata.labels",
+}
+
+
+class StatefulSetSpec(ApiModel):
+    """A StatefulSet's spec, less `updateStrategy`, which the controller owns."""
+
+    model_config = ConfigDict(extra="allow")  # merged with ApiModel's
+    replicas: int = Field(default=1, ge=0)
+    service_name: str = Field(min_length=1)
+    selector: Selector
+    template: PodTemplate
+    pod_management_policy: PodManagementPolicy = Field(
+        default=PodManagementPolicy.PARALLEL,
+        description="Parallel (the default here) lets a batch's pods start together.",
+    )
+    volume_claim_templates: list[dict[str, Any]] = Field(
+        default_factory=list,
+        json_schema_extra={"items": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}},
+    )
+
+    @model_validator(mode="after")
+    def consistent(self) -> StatefulSetSpec:
+        extra = self.model_extra or {}
+        if "updateStrategy" in extra:
+            raise ValueError("updateStrategy is the controller's: describe the rollout in strategy")
+        labels = self.template.metadata.labels
+        if any(labels.get(k) != v for k, v in self.selector.match_labels.items()):
+            raise ValueError("selector.matchLabels must match template.metadata.labels")
+        return self
+
+
+class PromoteRequest(ApiModel):
+    template: str = Field(min_length=1, description="status.updateTemplateHash of the rollout to promote")
+    step: int | None = Field(default=None, ge=0, description="pass the pauses up to this step index")
+    full: bool = Field(default=False, description="skip every remaining step")
+
+
+class AbortRequest(ApiModel):
+    template: str = Field(min_length=1, description="status.updateTemplateHash of the rollout to abort")
+
+
+class RolloutSpec(ApiModel):
+    stateful_set: StatefulSetSpec = Field(
+        json_schema_extra={
+            "x-kubernetes-validations": [SELECTOR_RULE],
+            "x-kubernetes-preserve-unknown-fields": True,
+        }
+    )
+    strategy: Strategy
+    paused: bool = Field(default=False, description="Hold the rollout where it is.")
+    promote: PromoteRequest | None = None
+    abort: AbortRequest | None = None
+
+
+STATUS_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "x-kubernetes-preserve-unknown-fields": True,
+    "properties": {
+        "observedGeneration": {"type": "integer", "format": "int64"},
+        "phase": {
+            "type": "string",
+            "description": "Healthy, Progressing, Paused, Degraded, RollingBack, Aborted or InvalidSpec",
+        },
+        "message": {"type": "string"},
+        "replicas": {"type": "integer"},
+        "updatedReplicas": {"type": "integer", "description": "pods on the update revision"},
+        "readyReplicas": {"type": "integer"},
+        "availableReplicas": {"type": "integer"},
+        "currentStepIndex": {"type": "integer"},
+        "steps": {"type": "integer"},
+        "stableTemplateHash": {"type": "string"},
+        "updateTemplateHash": {"type": "string", "description": "the template being rolled out"},
+        "stableRevision": {"type": "string", "description": "the StatefulSet revision to roll back to"},
+        "currentRevision": {"type": "string"},
+        "updateRevision": {"type": "string"},
+        "abortedTemplateHash": {"type": "string"},
+        "abortReason": {"type": "string"},
+        "stepStartedAt": {"type": "string", "format": "date-time"},
+        "batchStartedAt": {"type": "string", "format": "date-time"},
+        "history": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {
+                    "step": {"type": "integer"},
+                    "description": {"type": "string"},
+                    "startedAt": {"type": "string", "format": "date-time"},
+                    "finishedAt": {"type": "string", "format": "date-time"},
+                },
+            },
+        },
+        "conditions": {
+            "type": "array",
+            "x-kubernetes-list-type": "map",
+            "x-kubernetes-list-map-keys": ["type"],
+            "items": {
+                "type": "object",
+                "required": ["type", "status", "lastTransitionTime", "reason", "message"],
+                "properties": {
+                    "type": {"type": "string"},
+                    "status": {"type": "string", "enum": ["True", "False", "Unknown"]},
+                    "reason": {"type": "string"},
+                    "message": {"type": "string"},
+                    "lastTransitionTime": {"type": "string", "format": "date-time"},
+                    "observedGeneration": {"type": "integer", "format": "int64"},
+                },
+            },
+        },
+    },
+}
+
+PRINTER_COLUMNS = [
+    {"name": "Desired", "type": "integer", "jsonPath": ".spec.statefulSet.replicas"},
+    {"name": "Updated", "type": "integer", "jsonPath": ".status.updatedReplicas"},
+    {"name": "Available", "type": "integer", "jsonPath": ".status.availableReplicas"},
+    {"name": "Step", "type": "integer", "jsonPath": ".status.currentStepIndex"},
+    {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
+    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+]
+
+
+def rollout_crd() -> dict[str, Any]:
+    return build_crd(KIND, PLURAL, RolloutSpec, STATUS_SCHEMA, SHORT_NAMES, PRINTER_COLUMNS)
