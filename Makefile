@@ -65,3 +65,4 @@ test: lint unit e2e ## every test: lint, unit, then integration and e2e on the t
 .PHONY: bench
 bench: testbed-up ## benchmarks (figures and ratios against a baseline measured in the same run)
 	$(PY) -m e2e.bench.postgres_fleet --count 200 --rss-count 500
+	$(PY) -m e2e.bench.rollout_fleet --replicas 1000 --native-replicas 20 --delay 5

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -73,11 +74,27 @@ class OperatorProcess:
         assert self.process is not None
         return self.process.pid
 
-    def rss_bytes(self) -> int:
+    def rss_bytes(self, field: str = "VmRSS") -> int:
+        """Resident memory now (VmRSS), or at its peak so far (VmHWM)."""
         for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
+            if line.startswith(f"{field}:"):
                 return int(line.split()[1]) * 1024
-        raise RuntimeError("no VmRSS")
+        raise RuntimeError(f"no {field}")
+
+    def cpu_seconds(self) -> float:
+        """User and system CPU time the process has used."""
+        fields = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def api_requests(self, verbs: tuple[str, ...] = ()) -> int:
+        """Requests the operator sent to the API server (its own counter), of `verbs` or all."""
+        total = 0.0
+        for verb, value in re.findall(
+            r'^statefleet_api_requests_total\{verb="([A-Z]+)"\} (\S+)$', self.metrics(), re.M
+        ):
+            if not verbs or verb in verbs:
+                total += float(value)
+        return int(total)
 
     def alive(self) -> bool:
         if self.process is None or self.process.poll() is not None:

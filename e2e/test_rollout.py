@@ -15,13 +15,15 @@ from typing import Any
 import pytest
 from lightkube import Client
 from lightkube.core.exceptions import ApiError
+from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.apps_v1 import StatefulSet
-from lightkube.resources.core_v1 import Event, Pod
+from lightkube.resources.core_v1 import Event, Pod, Secret
 from lightkube.types import PatchType
 
 from e2e.kube import client, get_or_none, kubeconfig_path, wait_until
 from e2e.manifests import PAUSE_IMAGE, statefulset
 from e2e.operator_process import OperatorProcess
+from e2e.receiver import receiving
 from framework.rollout.controller import Rollout
 
 pytestmark = pytest.mark.e2e
@@ -76,6 +78,11 @@ def cli(namespace: str, *args: str) -> subprocess.CompletedProcess[str]:
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 0, done.stderr
     return done
+
+
+def with_notifications(body: dict[str, Any], notifications: dict[str, Any]) -> dict[str, Any]:
+    body["spec"]["notifications"] = notifications
+    return body
 
 
 def apply(kube: Client, namespace: str, body: dict[str, Any]) -> None:
@@ -158,22 +165,34 @@ def started(kube: Client, namespace: str, body: dict[str, Any]) -> None:
     wait_phase(kube, namespace, "Healthy", availableReplicas=body["spec"]["statefulSet"]["replicas"])
 
 
-def test_the_issue_example_rolls_out_in_steps(
+def test_the_issue_example_rolls_out_in_steps_and_notifies(
     kube: Client, namespace: str, operator: OperatorProcess
 ) -> None:
-    started(kube, namespace, rollout("1", ISSUE_STEPS))
-    apply(kube, namespace, rollout("2", ISSUE_STEPS))
-    paused = wait_phase(kube, namespace, "Paused", currentStepIndex=1)
-    assert paused["message"] == "paused at step 1 until promoted"
-    assert versions(kube, namespace) == ["1", "1", "1", "1", "2"]  # 20%: the highest ordinal
-    assert paused["updatedReplicas"] == 1
+    with receiving() as (base, received):
+        # The Slack webhook URL lives in a Secret; the release system's hook is a plain URL.
+        kube.create(
+            Secret(metadata=ObjectMeta(name="slack"), stringData={"url": f"{base}/slack"}),
+            namespace=namespace,
+        )
+        notifications = {
+            "slack": [{"webhookSecret": {"name": "slack"}, "channel": "#deploys"}],
+            "webhooks": [{"url": f"{base}/release"}],
+        }
+        started(kube, namespace, with_notifications(rollout("1", ISSUE_STEPS), notifications))
+        apply(kube, namespace, with_notifications(rollout("2", ISSUE_STEPS), notifications))
+        paused = wait_phase(kube, namespace, "Paused", currentStepIndex=1)
+        assert paused["message"] == "paused at step 1 until promoted"
+        assert versions(kube, namespace) == ["1", "1", "1", "1", "2"]  # 20%: the highest ordinal
+        assert paused["updatedReplicas"] == 1
 
-    assert cli(namespace, "promote").stdout == "statefulsetrollout/web promoted past step 1\n"
-    timed = wait_phase(kube, namespace, "Paused", currentStepIndex=3)
-    assert timed["message"] == "paused at step 3 for 30s"
-    assert versions(kube, namespace) == ["1", "1", "2", "2", "2"]
+        assert cli(namespace, "promote").stdout == "statefulsetrollout/web promoted past step 1\n"
+        timed = wait_phase(kube, namespace, "Paused", currentStepIndex=3)
+        assert timed["message"] == "paused at step 3 for 30s"
+        assert versions(kube, namespace) == ["1", "1", "2", "2", "2"]
 
-    done = wait_phase(kube, namespace, "Healthy", timeout=90, availableReplicas=5, updatedReplicas=5)
+        done = wait_phase(kube, namespace, "Healthy", timeout=90, availableReplicas=5, updatedReplicas=5)
+        wait_until("the last notifications", lambda: len(received) >= 2 * 9, timeout=30)
+
     assert versions(kube, namespace) == ["2"] * 5
     assert [h["description"] for h in done["history"]] == [
         "setPercent 20",
@@ -182,6 +201,13 @@ def test_the_issue_example_rolls_out_in_steps(
         "pause 30s",
         "setPercent 100",
     ]
+    assert [h.get("pods") for h in done["history"]] == [
+        "web-4",
+        None,
+        "web-2..web-3 (2 pods)",
+        None,
+        "web-0..web-1 (2 pods)",
+    ]
     sts = kube.get(StatefulSet, "web", namespace=namespace)
     assert sts.status.currentRevision == sts.status.updateRevision
     assert sts.metadata.ownerReferences[0].kind == "StatefulsetRollout"
@@ -189,6 +215,18 @@ def test_the_issue_example_rolls_out_in_steps(
     assert reasons.count("RolloutStarted") == 1
     assert reasons.count("StepCompleted") == 5
     assert reasons.count("RolloutCompleted") == 1
+
+    # Every transition reached both ends once, in order, Slack in Block Kit.
+    release = [r.body for r in received if r.path == "/release"]
+    slack = [r.body for r in received if r.path == "/slack"]
+    events = ["started", "step", "paused", "step", "step", "paused", "step", "step", "succeeded"]
+    assert [(b["event"], b["step"]) for b in release] == list(
+        zip(events, [0, 0, 1, 1, 2, 3, 3, 4, None], strict=True)
+    )
+    assert len(slack) == len(release)
+    assert all(m["channel"] == "#deploys" and m["blocks"][0]["type"] == "header" for m in slack)
+    assert slack[1]["blocks"][-1]["elements"][0]["text"] == "Pods: web-4"
+    assert slack[-1]["blocks"][0]["text"]["text"] == f"✅ {namespace}/web: rollout succeeded"
 
 
 def test_no_version_leak_where_on_delete_leaks(

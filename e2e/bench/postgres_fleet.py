@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import re
 import sys
 import time
 import uuid
@@ -104,14 +103,6 @@ async def operator_apply(api: AsyncClient, namespace: str, first: int, count: in
         await asyncio.sleep(0.5)
 
 
-def operator_requests(operator: OperatorProcess) -> int:
-    """API requests the operator made (its own counter, every verb)."""
-    exposed = operator.metrics()
-    return int(
-        sum(float(v) for v in re.findall(r"^statefleet_api_requests_total\{[^}]*\} (\S+)$", exposed, re.M))
-    )
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--count", type=int, default=200)
@@ -131,9 +122,9 @@ def main() -> int:
         async def measure() -> dict[str, float]:
             api = AsyncClient(config=KubeConfig.from_file(str(kubeconfig_path())), field_manager=MANAGER)
             figures = {"plain": await plain_apply(api, plain_ns, args.count)}
-            idle_requests = operator_requests(operator)
+            idle_requests = operator.api_requests()
             figures["operator"] = await operator_apply(api, operator_ns, 0, args.count)
-            figures["requests"] = (operator_requests(operator) - idle_requests) / args.count
+            figures["requests"] = (operator.api_requests() - idle_requests) / args.count
             figures["rss_count"] = operator.rss_bytes()
             await operator_apply(api, operator_ns, args.count, args.rss_count - args.count)
             await asyncio.sleep(5)

@@ -9,6 +9,7 @@ Events, and asks the queue for the next pass when time alone will change somethi
 
 from __future__ import annotations
 
+import base64
 import logging
 from collections.abc import Mapping
 from datetime import UTC, datetime
@@ -20,7 +21,7 @@ from lightkube.core.exceptions import ApiError
 from lightkube.generic_resource import create_namespaced_resource
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.apps_v1 import ControllerRevision
-from lightkube.resources.core_v1 import Pod
+from lightkube.resources.core_v1 import Pod, Secret
 from lightkube.resources.policy_v1 import PodDisruptionBudget
 from lightkube.types import PatchType
 
@@ -31,8 +32,9 @@ from framework.crd import GROUP, VERSION
 from framework.plugin import MANAGER
 from framework.queue import WorkQueue
 from framework.reconcile import status_changed, status_patch
+from framework.rollout import notify
 from framework.rollout.plan import ROLLOUT_LABEL, RolloutObserved, RolloutPlan, plan_rollout
-from framework.rollout.spec import KIND, PLURAL
+from framework.rollout.spec import KIND, PLURAL, Notifications, RolloutSpec, SecretKeyRef
 
 log = logging.getLogger("statefleet")
 
@@ -93,6 +95,7 @@ class RolloutController:
         self._pods: Mapping[Key, Any] = {}
         self._statefulsets: Mapping[Key, Any] = {}
         self._written: dict[Key, str] = {}
+        self.sender = notify.Sender()
 
     def register(self) -> None:
         kopf.index("", "v1", "pods", labels={ROLLOUT_LABEL: kopf.PRESENT}, id=PODS_INDEX)(index_pod)
@@ -219,6 +222,10 @@ class RolloutController:
             except ApiError as error:
                 if error.status.code != 404:
                     raise
+        sending = notify.unsent(
+            notify.notices(namespace, observed.name, planned.events, planned.status), observed.status
+        )
+        notify.record(planned.status, sending)  # before sending: a restart does not send twice
         if status_changed(observed.status, planned.status):
             written = await self.client.patch(
                 Rollout.Status,
@@ -231,3 +238,27 @@ class RolloutController:
         for note in planned.events:
             metrics.ROLLOUT_EVENTS.labels(note.reason).inc()
             await post_event(self.client, KIND, body, note)
+        if sending:
+            await self._notify(namespace, RolloutSpec.model_validate(observed.spec).notifications, sending)
+
+    async def _secret_value(self, namespace: str, ref: SecretKeyRef) -> str:
+        secret = await get_or_none(self.client, Secret, ref.name, namespace)
+        data = (secret or {}).get("data") or {}
+        if ref.key not in data:
+            raise ValueError(f"notifications: Secret {namespace}/{ref.name} has no key {ref.key!r}")
+        return base64.b64decode(data[ref.key]).decode().strip()
+
+    async def _notify(self, namespace: str, settings: Notifications, sending: list[notify.Notice]) -> None:
+        try:
+            for slack in settings.slack:
+                url = await self._secret_value(namespace, slack.webhook_secret)
+                for notice in sending:
+                    self.sender.send(url, notify.slack_message(notice, slack.channel))
+            for hook in settings.webhooks:
+                url = hook.url or await self._secret_value(namespace, hook.url_secret)  # type: ignore[arg-type]
+                for notice in sending:
+                    self.sender.send(url, notify.webhook_payload(notice))
+        except Exception as error:  # a notification must never fail the rollout
+            log.warning(
+                "notifications not sent: %s", error, extra=about(KIND, *sending[0].rollout.split("/", 1))
+            )

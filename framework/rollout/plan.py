@@ -429,19 +429,33 @@ def _progress(run: _Pass, template: dict[str, Any], wanted: str) -> RolloutPlan:
         return _finish(run, sts, PROGRESSING, message=message, requeue=POLL)
 
 
+def pod_range(name: str, first: int, last: int) -> str:
+    """Pods `first`..`last` (ordinals, inclusive) in a line, however many there are."""
+    if last < first:
+        return ""
+    if first == last:
+        return f"{name}-{first}"
+    return f"{name}-{first}..{name}-{last} ({last - first + 1} pods)"
+
+
 def _step_done(run: _Pass, index: int, step: Step) -> int:
     history = list(run.status.get("history") or [])
-    history.append(
-        {
-            "step": index,
-            "description": describe_step(step),
-            "startedAt": run.status.get("stepStartedAt") or timestamp(run.now),
-            "finishedAt": timestamp(run.now),
-        }
-    )
+    entry: dict[str, Any] = {
+        "step": index,
+        "description": describe_step(step),
+        "startedAt": run.status.get("stepStartedAt") or timestamp(run.now),
+        "finishedAt": timestamp(run.now),
+    }
+    target = step_target(step, run.replicas)
+    if target is not None:
+        before = max((h.get("updated", 0) for h in history), default=0)
+        entry["updated"] = target
+        entry["pods"] = pod_range(run.observed.name, run.replicas - target, run.replicas - before - 1)
+    history.append(entry)
     run.status["history"] = history
     run.status["stepStartedAt"] = run.status["batchStartedAt"] = timestamp(run.now)
-    run.note("Normal", "StepCompleted", f"step {index} ({describe_step(step)}) done")
+    done = f"step {index} ({describe_step(step)}) done"
+    run.note("Normal", "StepCompleted", f"{done}: {entry['pods']} updated" if entry.get("pods") else done)
     return index + 1
 
 

@@ -174,6 +174,34 @@ class AbortRequest(ApiModel):
     template: str = Field(min_length=1, description="status.updateTemplateHash of the rollout to abort")
 
 
+class SecretKeyRef(ApiModel):
+    name: str = Field(min_length=1, description="a Secret in the rollout's namespace")
+    key: str = Field(default="url", min_length=1)
+
+
+class SlackNotification(ApiModel):
+    webhook_secret: SecretKeyRef = Field(description="the Secret key holding the incoming webhook URL")
+    channel: str | None = Field(default=None, description="e.g. #deploys; the webhook's own when empty")
+
+
+class WebhookNotification(ApiModel):
+    """A release system's endpoint: JSON of every started/step/paused/succeeded/failed/rolled-back."""
+
+    url: str | None = None
+    url_secret: SecretKeyRef | None = None
+
+    @model_validator(mode="after")
+    def one_source(self) -> WebhookNotification:
+        if (self.url is None) == (self.url_secret is None):
+            raise ValueError("set exactly one of url, urlSecret")
+        return self
+
+
+class Notifications(ApiModel):
+    slack: list[SlackNotification] = Field(default_factory=list)
+    webhooks: list[WebhookNotification] = Field(default_factory=list)
+
+
 class RolloutSpec(ApiModel):
     stateful_set: StatefulSetSpec = Field(
         json_schema_extra={
@@ -185,6 +213,7 @@ class RolloutSpec(ApiModel):
     paused: bool = Field(default=False, description="Hold the rollout where it is.")
     promote: PromoteRequest | None = None
     abort: AbortRequest | None = None
+    notifications: Notifications = Field(default_factory=Notifications)
 
 
 STATUS_SCHEMA: dict[str, Any] = {
@@ -210,6 +239,7 @@ STATUS_SCHEMA: dict[str, Any] = {
         "updateRevision": {"type": "string"},
         "abortedTemplateHash": {"type": "string"},
         "abortReason": {"type": "string"},
+        "notified": {"type": "array", "items": {"type": "string"}, "description": "notifications sent"},
         "stepStartedAt": {"type": "string", "format": "date-time"},
         "batchStartedAt": {"type": "string", "format": "date-time"},
         "history": {
@@ -221,6 +251,8 @@ STATUS_SCHEMA: dict[str, Any] = {
                     "description": {"type": "string"},
                     "startedAt": {"type": "string", "format": "date-time"},
                     "finishedAt": {"type": "string", "format": "date-time"},
+                    "updated": {"type": "integer", "description": "replicas on the new revision after it"},
+                    "pods": {"type": "string", "description": "the pods this step updated"},
                 },
             },
         },
