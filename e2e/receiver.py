@@ -20,16 +20,24 @@ class Received:
 
 
 @contextmanager
-def receiving(host: str = "127.0.0.1") -> Iterator[tuple[str, list[Received]]]:
-    """Yields the server's base URL and the list every POST is appended to."""
+def receiving(
+    host: str = "127.0.0.1", failing: frozenset[str] = frozenset()
+) -> Iterator[tuple[str, list[Received]]]:
+    """Yields the server's base URL and the list every request is appended to (its method is
+    in `body["method"]` when it carries no JSON). Paths in `failing` answer 503."""
     received: list[Received] = []
 
     class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            body = self.rfile.read(int(self.headers["Content-Length"]))
-            received.append(Received(time.monotonic(), self.path, json.loads(body)))
-            self.send_response(200)
+        def answer(self) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            raw = self.rfile.read(length) if length else b""
+            body = json.loads(raw) if raw else {"method": self.command}
+            received.append(Received(time.monotonic(), self.path, body))
+            self.send_response(503 if self.path.split("?")[0] in failing else 200)
+            self.send_header("Content-Length", "0")
             self.end_headers()
+
+        do_POST = do_PUT = do_GET = do_DELETE = answer
 
         def log_message(self, *_: object) -> None:
             pass

@@ -32,8 +32,15 @@ from framework.crd import GROUP, VERSION
 from framework.plugin import MANAGER
 from framework.queue import WorkQueue
 from framework.reconcile import status_changed, status_patch
-from framework.rollout import notify
-from framework.rollout.plan import ROLLOUT_LABEL, RolloutObserved, RolloutPlan, plan_rollout
+from framework.rollout import hooks, notify
+from framework.rollout.plan import (
+    HOOKED_ANNOTATION,
+    POLL,
+    ROLLOUT_LABEL,
+    RolloutObserved,
+    RolloutPlan,
+    plan_rollout,
+)
 from framework.rollout.spec import KIND, PLURAL, Notifications, RolloutSpec, SecretKeyRef
 
 log = logging.getLogger("statefleet")
@@ -193,8 +200,55 @@ class RolloutController:
             await self._execute(body, observed, planned)
         return planned.requeue_after
 
+    def _hook_call(self, moment: str, observed: RolloutObserved, pod: str, revision: str) -> hooks.HookCall:
+        found = next((p for p in observed.pods if p["metadata"]["name"] == pod), {})
+        pod_ip = (found.get("status") or {}).get("podIP", "")
+        return hooks.HookCall(moment, observed.namespace, observed.name, pod, pod_ip, revision)
+
+    async def _before_take_down(
+        self, observed: RolloutObserved, planned: RolloutPlan, spec: RolloutSpec
+    ) -> None:
+        """Runs the hooks of the pods the plan releases, highest first; the partition stops
+        above the first pod whose hook fails, so no pod is updated without its hook."""
+        revision = planned.status.get("updateRevision", "")
+        for pod in planned.released:
+            call = self._hook_call("beforeTakeDown", observed, pod, revision)
+            failure = await hooks.run(spec.strategy.hooks.before_take_down, call, self.sender.http)
+            if failure:
+                log.warning(
+                    "%s; holding the partition above it",
+                    failure,
+                    extra=self._describe((observed.namespace, observed.name)),
+                )
+                assert planned.statefulset is not None
+                planned.statefulset["spec"]["updateStrategy"]["rollingUpdate"]["partition"] = call.ordinal + 1
+                planned.requeue_after = min(planned.requeue_after or POLL, POLL)
+                return
+
+    async def _after_ready(self, observed: RolloutObserved, planned: RolloutPlan, spec: RolloutSpec) -> None:
+        revision = planned.status.get("updateRevision", "")
+        for pod in planned.after_ready:
+            call = self._hook_call("afterReady", observed, pod, revision)
+            failure = await hooks.run(spec.strategy.hooks.after_ready, call, self.sender.http)
+            if failure:
+                log.warning(
+                    "%s; trying again", failure, extra=self._describe((observed.namespace, observed.name))
+                )
+                planned.requeue_after = min(planned.requeue_after or POLL, POLL)
+                continue
+            await self.client.patch(
+                Pod,
+                pod,
+                {"metadata": {"annotations": {HOOKED_ANNOTATION: revision}}},
+                namespace=observed.namespace,
+                patch_type=PatchType.MERGE,
+            )
+
     async def _execute(self, body: dict[str, Any], observed: RolloutObserved, planned: RolloutPlan) -> None:
         namespace = observed.namespace
+        spec = RolloutSpec.model_validate(observed.spec) if planned.released or planned.after_ready else None
+        if spec is not None and planned.released and spec.strategy.hooks.before_take_down:
+            await self._before_take_down(observed, planned, spec)
         if planned.statefulset is not None:
             await self.client.apply(codecs.from_dict(planned.statefulset), field_manager=MANAGER, force=True)
         for pod in planned.evict:
@@ -222,6 +276,8 @@ class RolloutController:
             except ApiError as error:
                 if error.status.code != 404:
                     raise
+        if spec is not None and planned.after_ready:
+            await self._after_ready(observed, planned, spec)
         sending = notify.unsent(
             notify.notices(namespace, observed.name, planned.events, planned.status), observed.status
         )

@@ -128,7 +128,7 @@ class Sender:
         self._interval = 1.0 / per_second
         self._queues: dict[str, asyncio.Queue[dict[str, Any]]] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
-        self._client = httpx2.AsyncClient(timeout=10)
+        self.http = httpx2.AsyncClient(timeout=10)  # shared with the hooks
 
     def send(self, url: str, payload: dict[str, Any]) -> None:
         if url not in self._queues:
@@ -141,7 +141,7 @@ class Sender:
             payload = await queue.get()
             for attempt in range(1, 4):
                 try:
-                    response = await self._client.post(url, json=payload)
+                    response = await self.http.post(url, json=payload)
                     response.raise_for_status()
                     break
                 except Exception as error:  # a notification must never stop a rollout

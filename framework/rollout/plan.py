@@ -32,6 +32,7 @@ from framework.rollout.spec import KIND, RolloutSpec, Step, parse_duration
 
 ROLLOUT_LABEL = "statefleet.dev/rollout"
 REVISION_LABEL = "controller-revision-hash"  # set on every pod by the StatefulSet controller
+HOOKED_ANNOTATION = "statefleet.dev/after-ready-hooks"  # the revision whose afterReady hooks ran
 STUCK_REASONS = frozenset(
     {
         "CrashLoopBackOff",
@@ -77,6 +78,7 @@ class PodView:
     ready_since: datetime | None  # None: not Ready
     terminating: bool
     stuck: str  # why the pod cannot become Ready by itself ("" when it might)
+    hooked: str = ""  # the revision whose afterReady hooks ran on this pod
 
     def available(self, now: datetime, min_ready_seconds: int) -> bool:
         return (
@@ -109,6 +111,7 @@ def pod_view(pod: dict[str, Any]) -> PodView:
         ready_since=ready_since,
         terminating=bool(metadata.get("deletionTimestamp")),
         stuck=stuck,
+        hooked=(metadata.get("annotations") or {}).get(HOOKED_ANNOTATION, ""),
     )
 
 
@@ -136,6 +139,8 @@ class RolloutPlan:
     events: list[EventNote] = field(default_factory=list)
     requeue_after: float | None = None
     needs_stable_template: bool = False  # fetch status.stableRevision's template, plan again
+    released: list[str] = field(default_factory=list)  # pods the new partition releases, highest first
+    after_ready: list[str] = field(default_factory=list)  # updated, available, afterReady hooks not run
 
 
 def build_statefulset(
@@ -207,6 +212,7 @@ class _Pass:
         self.evict: list[str] = []
         self.delete: list[str] = []
         self.requeue: list[float] = []
+        self.released: list[str] = []
         sts = observed.statefulset or {}
         sts_status = sts.get("status") or {}
         # The StatefulSet controller has seen our last change: its revisions can be trusted.
@@ -419,6 +425,7 @@ def _progress(run: _Pass, template: dict[str, Any], wanted: str) -> RolloutPlan:
             partition = below
         if partition < released:
             status["batchStartedAt"] = timestamp(run.now)
+            run.released = [f"{observed.name}-{o}" for o in range(released - 1, partition - 1, -1)]
         run.next_availability()
         updated = sum(1 for o in range(run.replicas) if run.updated(o))
         description = describe_step(step) if step else "the rest"
@@ -554,6 +561,11 @@ def _finish(
         observed.generation,
         now=timestamp(run.now),
     )
+    after_ready = []
+    if run.spec.strategy.hooks.after_ready:
+        for ordinal, pod in sorted(run.pods.items()):
+            if run.updated(ordinal) and run.available(ordinal) and pod.hooked != run.update_revision:
+                after_ready.append(pod.name)
     return RolloutPlan(
         status=status,
         statefulset=statefulset,
@@ -561,6 +573,8 @@ def _finish(
         delete=run.delete,
         events=run.events,
         requeue_after=min(run.requeue) if run.requeue else None,
+        released=run.released,
+        after_ready=after_ready,
     )
 
 

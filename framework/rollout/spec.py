@@ -77,6 +77,42 @@ class Step(ApiModel):
         return self
 
 
+class HttpHook(ApiModel):
+    url: str = Field(
+        min_length=1,
+        description="$(POD), $(NAMESPACE), $(POD_IP), $(ORDINAL) are replaced, e.g. Consul's "
+        "http://consul:8500/v1/agent/maintenance?enable=true&reason=$(POD)",
+    )
+    method: str = Field(default="POST", pattern="^(GET|POST|PUT|DELETE)$")
+    timeout_seconds: float = Field(default=10, gt=0, le=300)
+
+
+class InProcessHook(ApiModel):
+    name: str = Field(
+        min_length=1, description="a hook a service plugin registered, e.g. postgres-checkpoint"
+    )
+
+
+class Hook(ApiModel):
+    http: HttpHook | None = None
+    in_process: InProcessHook | None = None
+
+    @model_validator(mode="after")
+    def one_kind(self) -> Hook:
+        if (self.http is None) == (self.in_process is None):
+            raise ValueError("a hook sets exactly one of http, inProcess")
+        return self
+
+
+class Hooks(ApiModel):
+    before_take_down: list[Hook] = Field(
+        default_factory=list, description="called before a pod is released for its update; 2xx to go on"
+    )
+    after_ready: list[Hook] = Field(
+        default_factory=list, description="called once a pod is back, updated and available"
+    )
+
+
 class Strategy(ApiModel):
     steps: list[Step] = Field(
         min_length=1,
@@ -94,6 +130,7 @@ class Strategy(ApiModel):
         default=600, ge=1, description="A batch not available within this many seconds fails the rollout."
     )
     auto_rollback: bool = Field(default=True, description="On failure, go back to the stable revision.")
+    hooks: Hooks = Field(default_factory=Hooks)
 
     @field_validator("max_unavailable")
     @classmethod
