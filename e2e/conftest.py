@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import Iterator
 
@@ -22,7 +23,8 @@ def kube() -> Client:
 @pytest.fixture
 def namespace(kube: Client, request: pytest.FixtureRequest) -> Iterator[str]:
     """A fresh namespace per test, deleted afterwards with everything in it."""
-    name = f"t-{request.node.name[:40].lower().replace('_', '-').strip('-')}-{uuid.uuid4().hex[:5]}"
+    readable = re.sub(r"[^a-z0-9]+", "-", request.node.name.lower())[:40].strip("-")
+    name = f"t-{readable}-{uuid.uuid4().hex[:5]}"
     kube.create(Namespace(metadata=ObjectMeta(name=name, labels={"statefleet.dev/test": "true"})))
     yield name
     kube_helpers.delete_namespace(kube, name, wait=180)

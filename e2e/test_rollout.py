@@ -348,8 +348,7 @@ def test_the_operator_killed_mid_step_continues_where_it_was(
         ),
         (
             {"statefulSet": {"selector": {"matchLabels": {"app": "other"}}}},
-            'spec.statefulSet: Invalid value: "object": selector.matchLabels must match'
-            " template.metadata.labels",
+            "spec.statefulSet: Invalid value: selector.matchLabels must match template.metadata.labels",
         ),
         (
             {"strategy": {"steps": [{"setPercent": 10, "pause": {}}]}},
@@ -358,7 +357,7 @@ def test_the_operator_killed_mid_step_continues_where_it_was(
     ],
 )
 def test_bad_input_is_refused_at_admission(
-    kube: Client, namespace: str, change: dict[str, Any], message: str
+    kube: Client, namespace: str, operator: OperatorProcess, change: dict[str, Any], message: str
 ) -> None:
     body = rollout("1", ISSUE_STEPS)
     for part, value in change.items():

@@ -48,6 +48,9 @@ def _clean(node: Any, definitions: dict[str, Any]) -> Any:
                 node = {**variants[0], **node}
             else:
                 node["x-kubernetes-int-or-string"] = True
+    for bound, limit in (("exclusiveMinimum", "minimum"), ("exclusiveMaximum", "maximum")):
+        if isinstance(node.get(bound), int | float) and not isinstance(node.get(bound), bool):
+            node[limit], node[bound] = node[bound], True  # OpenAPI v3.0's form, which Kubernetes reads
     if "enum" in node and "type" not in node:
         node["type"] = "string"
     if node.get("x-kubernetes-preserve-unknown-fields"):

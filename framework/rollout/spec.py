@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import re
 from enum import StrEnum
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
@@ -41,7 +41,7 @@ def resolve_count(value: int | str, total: int, round_up: bool) -> int:
 
 
 STEP_RULE = {
-    "rule": "[has(self.setPercent), has(self.setCount), has(self.pause)].filter(x, x).size() == 1",
+    "rule": "(has(self.setPercent) ? 1 : 0) + (has(self.setCount) ? 1 : 0) + (has(self.pause) ? 1 : 0) == 1",
     "message": "a step sets exactly one of setPercent, setCount, pause",
 }
 
@@ -116,6 +116,7 @@ class Hooks(ApiModel):
 class Strategy(ApiModel):
     steps: list[Step] = Field(
         min_length=1,
+        max_length=64,
         description="setPercent / setCount / pause steps; after the last one every replica is updated.",
     )
     max_unavailable: int | str = Field(
@@ -146,13 +147,17 @@ class Strategy(ApiModel):
         return max(1, resolve_count(self.max_unavailable, replicas, round_up=False))
 
 
+# Bounds that keep the CEL rules' cost estimate inside the API server's budget.
+LabelValue = Annotated[str, Field(max_length=63)]
+
+
 class Selector(ApiModel):
-    match_labels: dict[str, str] = Field(min_length=1)
+    match_labels: dict[str, LabelValue] = Field(min_length=1, max_length=64)
 
 
 class TemplateMetadata(ApiModel):
     model_config = ConfigDict(extra="allow")  # merged with ApiModel's
-    labels: dict[str, str] = Field(min_length=1)
+    labels: dict[str, LabelValue] = Field(min_length=1, max_length=64)
     annotations: dict[str, str] = Field(default_factory=dict)
 
 
