@@ -366,3 +366,25 @@ def test_bad_input_is_refused_at_admission(
         kube.create(Rollout.from_dict(body), namespace=namespace)
     assert refused.value.status.code == 422
     assert message in refused.value.status.message
+
+
+def test_analysis_failing_rolls_back_and_passing_goes_on(
+    kube: Client, namespace: str, operator: OperatorProcess
+) -> None:
+    with receiving(failing=frozenset({"/sick"})) as (base, received):
+
+        def steps(check: str) -> list[dict[str, Any]]:
+            analysis = {"http": {"url": f"{base}/{check}?pod=web"}, "interval": "2s", "count": 2}
+            return [{"setPercent": 40}, {"analysis": analysis}, {"setPercent": 100}]
+
+        started(kube, namespace, rollout("1", steps("sick")))
+        apply(kube, namespace, rollout("2", steps("sick")))
+        aborted = wait_phase(kube, namespace, "Aborted", timeout=120, availableReplicas=5)
+        assert aborted["message"].startswith(f"AnalysisFailed at step 1: GET {base}/sick: HTTP 503")
+        assert versions(kube, namespace) == ["1"] * 5
+
+        apply(kube, namespace, rollout("3", steps("healthy")))
+        done = wait_phase(kube, namespace, "Healthy", timeout=120, availableReplicas=5, updatedReplicas=5)
+        assert versions(kube, namespace) == ["3"] * 5
+    assert done["history"][1]["description"] == "analysis http"
+    assert [r.path for r in received if r.path.startswith("/healthy")] == ["/healthy?pod=web"] * 2

@@ -30,6 +30,7 @@ from framework.crd import GROUP, VERSION
 from framework.plugin import LABEL_INSTANCE, LABEL_MANAGED_BY, LABEL_NAME, MANAGER, Observed, ServicePlugin
 from framework.queue import WorkQueue
 from framework.reconcile import Plan, plan, status_changed, status_patch
+from framework.rollout.controller import Rollout
 
 log = logging.getLogger("statefleet")
 
@@ -38,6 +39,7 @@ CHILD_RESOURCES = {
     "Service": Service,
     "PodDisruptionBudget": PodDisruptionBudget,
     "StatefulSet": StatefulSet,
+    "StatefulsetRollout": Rollout,
 }
 
 

@@ -32,7 +32,7 @@ from framework.crd import GROUP, VERSION
 from framework.plugin import MANAGER
 from framework.queue import WorkQueue
 from framework.reconcile import status_changed, status_patch
-from framework.rollout import hooks, notify
+from framework.rollout import analysis, hooks, notify
 from framework.rollout.plan import (
     HOOKED_ANNOTATION,
     POLL,
@@ -40,6 +40,7 @@ from framework.rollout.plan import (
     RolloutObserved,
     RolloutPlan,
     plan_rollout,
+    timestamp,
 )
 from framework.rollout.spec import KIND, PLURAL, Notifications, RolloutSpec, SecretKeyRef
 
@@ -173,7 +174,12 @@ class RolloutController:
                 statefulset=statefulset,
                 pods=pods,
                 now=datetime.now(UTC),
+                labels=body["metadata"].get("labels") or {},
             )
+            check = analysis.due(observed.spec, status, observed.now)
+            if check is not None:
+                passed, seen = await analysis.measure(check, self.sender.http)
+                observed.status = analysis.record(status, passed, seen, timestamp(observed.now))
             rolling = status.get("updateTemplateHash") != status.get("stableTemplateHash") or status.get(
                 "abortedTemplateHash"
             )
@@ -203,7 +209,7 @@ class RolloutController:
     def _hook_call(self, moment: str, observed: RolloutObserved, pod: str, revision: str) -> hooks.HookCall:
         found = next((p for p in observed.pods if p["metadata"]["name"] == pod), {})
         pod_ip = (found.get("status") or {}).get("podIP", "")
-        return hooks.HookCall(moment, observed.namespace, observed.name, pod, pod_ip, revision)
+        return hooks.HookCall(moment, observed.namespace, observed.name, pod, pod_ip, revision, self.client)
 
     async def _before_take_down(
         self, observed: RolloutObserved, planned: RolloutPlan, spec: RolloutSpec
@@ -278,15 +284,16 @@ class RolloutController:
                     raise
         if spec is not None and planned.after_ready:
             await self._after_ready(observed, planned, spec)
+        written = body.get("status") or {}  # observed.status may carry a fresh measurement
         sending = notify.unsent(
-            notify.notices(namespace, observed.name, planned.events, planned.status), observed.status
+            notify.notices(namespace, observed.name, planned.events, planned.status), written
         )
         notify.record(planned.status, sending)  # before sending: a restart does not send twice
-        if status_changed(observed.status, planned.status):
+        if status_changed(written, planned.status):
             written = await self.client.patch(
                 Rollout.Status,
                 observed.name,
-                status_patch(observed.status, planned.status),
+                status_patch(written, planned.status),
                 namespace=namespace,
                 patch_type=PatchType.MERGE,
             )

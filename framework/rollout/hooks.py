@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import quote
 
 import httpx2
@@ -25,6 +26,7 @@ class HookCall:
     pod: str
     pod_ip: str
     revision: str  # the revision the pod is going to, or runs now
+    client: Any = None  # the operator's Kubernetes client, for in-process hooks
 
     @property
     def ordinal(self) -> int:

@@ -28,7 +28,8 @@ from framework import conditions
 from framework.conditions import Condition
 from framework.plugin import LABEL_MANAGED_BY, MANAGER
 from framework.reconcile import API_VERSION, EventNote, describe_validation_error
-from framework.rollout.spec import KIND, RolloutSpec, Step, parse_duration
+from framework.rollout import analysis
+from framework.rollout.spec import KIND, OnFailure, RolloutSpec, Step, parse_duration
 
 ROLLOUT_LABEL = "statefleet.dev/rollout"
 REVISION_LABEL = "controller-revision-hash"  # set on every pod by the StatefulSet controller
@@ -127,6 +128,7 @@ class RolloutObserved:
     pods: list[dict[str, Any]]
     now: datetime
     stable_template: dict[str, Any] | None = None  # the pod template of status.stableRevision
+    labels: dict[str, str] = field(default_factory=dict)  # the rollout's, passed on to the StatefulSet
     disruptions_allowed: int | None = None  # the tightest PodDisruptionBudget over the pods
 
 
@@ -155,7 +157,7 @@ def build_statefulset(
         "metadata": {
             "name": observed.name,
             "namespace": observed.namespace,
-            "labels": {ROLLOUT_LABEL: observed.name, LABEL_MANAGED_BY: MANAGER},
+            "labels": {**observed.labels, ROLLOUT_LABEL: observed.name, LABEL_MANAGED_BY: MANAGER},
             "ownerReferences": [
                 {
                     "apiVersion": API_VERSION,
@@ -194,6 +196,8 @@ def describe_step(step: Step) -> str:
         return f"setPercent {step.set_percent}"
     if step.set_count is not None:
         return f"setCount {step.set_count}"
+    if step.analysis is not None:
+        return "analysis " + ("http" if step.analysis.http else "prometheus")
     assert step.pause is not None
     return f"pause {step.pause.duration}" if step.pause.duration else "pause until promoted"
 
@@ -364,6 +368,24 @@ def _progress(run: _Pass, template: dict[str, Any], wanted: str) -> RolloutPlan:
         full = promote is not None and promote.full
         step = steps[index] if index < len(steps) and not full else None
         target = run.replicas if step is None else step_target(step, run.replicas)
+
+        if step is not None and step.analysis is not None:
+            record = analysis.current(status, wanted, index)
+            outcome = analysis.decided(step.analysis, record)
+            passed = promote is not None and promote.step is not None and promote.step >= index
+            if outcome == "passed" or passed:
+                index = _step_done(run, index, step)
+                continue
+            sts = build_statefulset(observed, spec, template, partition)
+            if outcome == "failed":
+                reason = f"AnalysisFailed at step {index}: {record.get('message', '')}"
+                if step.analysis.on_failure == OnFailure.ROLLBACK:
+                    _abort(run, wanted, reason)
+                    return _rollback(run)
+                return _finish(run, sts, PAUSED, message=f"{reason}; promote to go on")
+            wait = parse_duration(step.analysis.interval) if record.get("measuredAt") else 0.5
+            seen = f"{record['successes']} of {step.analysis.count} measurements passed"
+            return _finish(run, sts, PROGRESSING, message=f"step {index} analysis: {seen}", requeue=wait)
 
         if target is None:  # a pause step
             assert step is not None

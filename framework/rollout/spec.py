@@ -41,8 +41,9 @@ def resolve_count(value: int | str, total: int, round_up: bool) -> int:
 
 
 STEP_RULE = {
-    "rule": "(has(self.setPercent) ? 1 : 0) + (has(self.setCount) ? 1 : 0) + (has(self.pause) ? 1 : 0) == 1",
-    "message": "a step sets exactly one of setPercent, setCount, pause",
+    "rule": "(has(self.setPercent) ? 1 : 0) + (has(self.setCount) ? 1 : 0) + (has(self.pause) ? 1 : 0)"
+    " + (has(self.analysis) ? 1 : 0) == 1",
+    "message": "a step sets exactly one of setPercent, setCount, pause, analysis",
 }
 
 
@@ -59,6 +60,63 @@ class Pause(ApiModel):
         return value
 
 
+CONDITION = re.compile(r"^\s*result\s*(<=|>=|==|!=|<|>)\s*(-?[0-9]+(?:\.[0-9]+)?)\s*$")
+
+
+def check_condition(condition: str, value: float) -> bool:
+    """`result < 0.05` and the like: the only expressions a success condition may be."""
+    match = CONDITION.match(condition)
+    if not match:
+        raise ValueError(f"{condition!r} is not a condition like 'result < 0.05'")
+    operator, limit = match.group(1), float(match.group(2))
+    return {
+        "<": value < limit,
+        "<=": value <= limit,
+        ">": value > limit,
+        ">=": value >= limit,
+        "==": value == limit,
+        "!=": value != limit,
+    }[operator]
+
+
+class HttpCheck(ApiModel):
+    url: str = Field(min_length=1, description="GET; a 2xx answer is a success")
+    timeout_seconds: float = Field(default=5, gt=0, le=60)
+
+
+class PrometheusCheck(ApiModel):
+    address: str = Field(min_length=1, description="e.g. http://prometheus.monitoring:9090")
+    query: str = Field(min_length=1, description="an instant query returning one number")
+    success_condition: str = Field(min_length=1, description="e.g. 'result < 0.05'")
+
+    @field_validator("success_condition")
+    @classmethod
+    def parses(cls, value: str) -> str:
+        check_condition(value, 0)
+        return value
+
+
+class OnFailure(StrEnum):
+    ROLLBACK = "Rollback"
+    PAUSE = "Pause"
+
+
+class Analysis(ApiModel):
+    http: HttpCheck | None = None
+    prometheus: PrometheusCheck | None = None
+    interval: str = Field(default="10s", description="between measurements")
+    count: int = Field(default=3, ge=1, le=100, description="successful measurements to pass")
+    failure_limit: int = Field(default=0, ge=0, le=100, description="failed measurements tolerated")
+    on_failure: OnFailure = Field(default=OnFailure.ROLLBACK, description="Rollback, or Pause until promoted")
+
+    @model_validator(mode="after")
+    def one_check(self) -> Analysis:
+        if (self.http is None) == (self.prometheus is None):
+            raise ValueError("an analysis sets exactly one of http, prometheus")
+        parse_duration(self.interval)
+        return self
+
+
 class Step(ApiModel):
     model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [STEP_RULE]})
     set_percent: int | None = Field(
@@ -68,12 +126,13 @@ class Step(ApiModel):
         default=None, ge=0, description="Replicas on the new revision after the step."
     )
     pause: Pause | None = None
+    analysis: Analysis | None = Field(default=None, description="measure before going on")
 
     @model_validator(mode="after")
     def exactly_one(self) -> Step:
-        chosen = [n for n in ("set_percent", "set_count", "pause") if getattr(self, n) is not None]
-        if len(chosen) != 1:
-            raise ValueError("a step sets exactly one of setPercent, setCount, pause")
+        kinds = ("set_percent", "set_count", "pause", "analysis")
+        if len([n for n in kinds if getattr(self, n) is not None]) != 1:
+            raise ValueError("a step sets exactly one of setPercent, setCount, pause, analysis")
         return self
 
 

@@ -45,6 +45,8 @@ class PostgresPlugin(ServicePlugin):
     service = "postgres"
     spec_model = PostgresSpec
     generated_secrets = (SUPERUSER, REPLICATION)
+    # The StatefulSet is left to a StatefulsetRollout: replicas first, the primary last.
+    child_kinds = ("ConfigMap", "Service", "PodDisruptionBudget", "StatefulsetRollout")
 
     def refuse_change(self, spec: PostgresSpec, observed: Observed) -> str | None:
         running = observed.status.get("version")

@@ -10,6 +10,7 @@ from framework.catalog import Catalog
 from framework.crd import CHART_CRDS_DIR, CRDS_DIR, HEADER, render_all
 from framework.plugin import Observed
 from framework.reconcile import plan, status_changed
+from framework.rollout.spec import RolloutSpec
 from services.postgres import PLUGIN
 
 pytestmark = pytest.mark.unit
@@ -48,13 +49,19 @@ def test_renders_every_child_owned_and_labelled() -> None:
         ("Service", "demo-rw"),
         ("Service", "demo-ro"),
         ("PodDisruptionBudget", "demo"),
-        ("StatefulSet", "demo"),
+        ("StatefulsetRollout", "demo"),
     }
     for child in planned.children:
         assert child["metadata"]["namespace"] == "apps"
         assert child["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
         assert child["metadata"]["labels"]["app.kubernetes.io/instance"] == "demo"
-    sts = children[("StatefulSet", "demo")]["spec"]
+    rollout = children[("StatefulsetRollout", "demo")]["spec"]
+    # Replicas first, one at a time, the primary (ordinal 0) last, after a checkpoint.
+    assert rollout["strategy"]["steps"] == [{"setCount": 2}, {"setPercent": 100}]
+    assert rollout["strategy"]["maxUnavailable"] == 1
+    assert rollout["strategy"]["hooks"]["beforeTakeDown"] == [{"inProcess": {"name": "postgres-checkpoint"}}]
+    RolloutSpec.model_validate(rollout)  # what the rollout controller will accept
+    sts = rollout["statefulSet"]
     assert sts["replicas"] == 3
     assert sts["podManagementPolicy"] == "Parallel"
     assert sts["persistentVolumeClaimRetentionPolicy"]["whenDeleted"] == "Retain"
@@ -96,7 +103,7 @@ def test_parameters_and_overrides_reach_the_pods() -> None:
     assert "max_connections = '200'" in config["postgresql.conf"]
     assert "search_path = 'it''s'" in config["postgresql.conf"]
     assert config["pg_hba.conf"].index("10.0.0.0/8") < config["pg_hba.conf"].index("host all all all")
-    pod = children[("StatefulSet", "demo")]["spec"]["template"]
+    pod = children[("StatefulsetRollout", "demo")]["spec"]["statefulSet"]["template"]
     assert pod["spec"]["nodeSelector"] == {"disk": "ssd"}
     assert pod["metadata"]["labels"]["team"] == "orders"
     assert pod["spec"]["containers"][0]["resources"] == {
@@ -104,13 +111,15 @@ def test_parameters_and_overrides_reach_the_pods() -> None:
         "limits": {"memory": "1Gi"},
     }
     assert (
-        children[("StatefulSet", "demo")]["spec"]["persistentVolumeClaimRetentionPolicy"]["whenDeleted"]
+        children[("StatefulsetRollout", "demo")]["spec"]["statefulSet"][
+            "persistentVolumeClaimRetentionPolicy"
+        ]["whenDeleted"]
         == "Delete"
     )
     baseline = plan(PLUGIN, observed({"storage": {"size": "1Gi"}}), CATALOG, "uid")
-    baseline_hash = by_kind(baseline.children)[("StatefulSet", "demo")]["spec"]["template"]["metadata"][
-        "annotations"
-    ]
+    baseline_hash = by_kind(baseline.children)[("StatefulsetRollout", "demo")]["spec"]["statefulSet"][
+        "template"
+    ]["metadata"]["annotations"]
     assert (
         pod["metadata"]["annotations"]["statefleet.dev/config-hash"]
         != baseline_hash["statefleet.dev/config-hash"]
@@ -196,8 +205,8 @@ def test_a_class_added_to_volumes_made_with_the_default_class_is_refused() -> No
         "uid",
     )
     assert kept.apply
-    statefulset = next(c for c in kept.children if c["kind"] == "StatefulSet")
-    assert statefulset["spec"]["volumeClaimTemplates"][0]["spec"]["storageClassName"] == "standard"
+    rollout = next(c for c in kept.children if c["kind"] == "StatefulsetRollout")
+    assert rollout["spec"]["statefulSet"]["volumeClaimTemplates"][0]["spec"]["storageClassName"] == "standard"
 
 
 def test_status_roles_and_a_second_pass_change_nothing() -> None:

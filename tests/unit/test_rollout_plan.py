@@ -10,12 +10,14 @@ down at once, which Events were posted, and what status says.
 from __future__ import annotations
 
 import copy
+import re
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 
+from framework.rollout import analysis
 from framework.rollout.plan import (
     ROLLOUT_LABEL,
     RolloutObserved,
@@ -23,8 +25,9 @@ from framework.rollout.plan import (
     plan_rollout,
     pod_template,
     template_hash,
+    timestamp,
 )
-from framework.rollout.spec import RolloutSpec
+from framework.rollout.spec import RolloutSpec, check_condition
 
 pytestmark = pytest.mark.unit
 
@@ -82,6 +85,8 @@ class Cluster:
     taken_down: list[str] = field(default_factory=list)
     most_down: int = 0
     bad_images: set[str] = field(default_factory=set)
+    analysis_passes: bool = True
+    measurements: int = 0
 
     def revision_of(self, template: dict[str, Any]) -> str:
         key = template_hash(template)
@@ -184,7 +189,15 @@ class Cluster:
         )
 
     def reconcile(self, body: dict[str, Any]) -> RolloutPlan:
-        """One controller pass, as the I/O layer runs it."""
+        """One controller pass, as the I/O layer runs it (measuring a due analysis first)."""
+        if analysis.due(body, self.status, self.now) is not None:
+            self.measurements += 1
+            self.status = analysis.record(
+                self.status,
+                self.analysis_passes,
+                "HTTP 200" if self.analysis_passes else "HTTP 503",
+                timestamp(self.now),
+            )
         planned = plan_rollout(self.observe(body))
         if planned.needs_stable_template:
             planned = plan_rollout(self.observe(body, stable_template=True))
@@ -409,3 +422,78 @@ def test_the_pods_carry_the_rollout_label_and_the_statefulset_is_owned() -> None
     assert planned.statefulset["spec"]["podManagementPolicy"] == "Parallel"
     observed = Cluster().observe(body)
     assert pod_template(observed, RolloutSpec.model_validate(body)) == planned.statefulset["spec"]["template"]
+
+
+ANALYSIS_STEPS = [
+    {"setPercent": 20},
+    {"analysis": {"http": {"url": "http://checks/web"}, "interval": "5s", "count": 2}},
+    {"setPercent": 100},
+]
+
+
+def test_an_analysis_step_measures_then_goes_on() -> None:
+    cluster = running(spec())
+    body = spec("web:2", steps=ANALYSIS_STEPS)
+    cluster.run(body, 6)
+    assert cluster.status["currentStepIndex"] == 1
+    assert cluster.status["message"] == "step 1 analysis: 1 of 2 measurements passed"
+    cluster.run(body, 20)
+    assert cluster.measurements == 2  # once every 5 s until two passed, then no more
+    assert cluster.images() == ["web:2"] * 5
+    assert [h["description"] for h in cluster.status["history"]][1] == "analysis http"
+
+
+def test_a_failed_analysis_rolls_back_or_pauses() -> None:
+    cluster = running(spec())
+    cluster.analysis_passes = False
+    cluster.run(spec("web:2", steps=ANALYSIS_STEPS), 20)
+    assert cluster.status["phase"] == "Aborted"
+    assert cluster.status["message"].startswith("AnalysisFailed at step 1: HTTP 503")
+    assert cluster.images() == ["web:1"] * 5
+
+    cluster = running(spec())
+    cluster.analysis_passes = False
+    paused_steps = copy.deepcopy(ANALYSIS_STEPS)
+    paused_steps[1]["analysis"]["onFailure"] = "Pause"
+    body = spec("web:2", steps=paused_steps)
+    cluster.run(body, 20)
+    assert cluster.status["phase"] == "Paused"
+    assert cluster.status["message"] == "AnalysisFailed at step 1: HTTP 503; promote to go on"
+    cluster.run(promote(body, cluster, step=1), 20)
+    assert cluster.images() == ["web:2"] * 5
+
+
+@pytest.mark.parametrize(
+    ("answer", "value"),
+    [
+        (
+            {
+                "status": "success",
+                "data": {"resultType": "vector", "result": [{"metric": {}, "value": [1.7e9, "0.02"]}]},
+            },
+            0.02,
+        ),
+        ({"status": "success", "data": {"resultType": "scalar", "result": [1.7e9, "3"]}}, 3.0),
+    ],
+)
+def test_prometheus_answers_give_one_number(answer: dict, value: float) -> None:
+    assert analysis.prometheus_value(answer) == value
+
+
+def test_prometheus_answers_that_are_not_one_number_fail_the_measurement() -> None:
+    two = {
+        "status": "success",
+        "data": {"resultType": "vector", "result": [{"value": [1, "1"]}, {"value": [1, "2"]}]},
+    }
+    with pytest.raises(ValueError, match="the query returned 2 series, not one"):
+        analysis.prometheus_value(two)
+    with pytest.raises(ValueError, match="query failed: bad_data"):
+        analysis.prometheus_value({"status": "error", "error": "bad_data"})
+
+
+def test_success_conditions_are_comparisons_of_the_result() -> None:
+    assert check_condition("result < 0.05", 0.01)
+    assert not check_condition("result < 0.05", 0.05)
+    assert check_condition("result >= 1", 1)
+    with pytest.raises(ValueError, match=re.escape("is not a condition like 'result < 0.05'")):
+        check_condition("__import__('os')", 1)
