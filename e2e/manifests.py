@@ -106,3 +106,23 @@ def kwok_statefulset(name: str, replicas: int) -> dict[str, Any]:
         {**ON_KWOK, "containers": [{"name": "app", "image": PAUSE_IMAGE}]},
         podManagementPolicy="Parallel",
     )
+
+
+def statefulset_rollout(
+    template: dict[str, Any], steps: list[dict[str, Any]], replicas: int, name: str = "web", **strategy: Any
+) -> dict[str, Any]:
+    """A StatefulsetRollout whose pods carry app=<name> (the template must carry it too)."""
+    return {
+        "apiVersion": "statefleet.dev/v1alpha1",
+        "kind": "StatefulsetRollout",
+        "metadata": {"name": name},
+        "spec": {
+            "statefulSet": {
+                "replicas": replicas,
+                "serviceName": name,
+                "selector": {"matchLabels": {"app": name}},
+                "template": template,
+            },
+            "strategy": {"steps": steps, **strategy},
+        },
+    }

@@ -19,6 +19,7 @@ from e2e.kube import get_or_none, wait_until
 from e2e.manifests import ON_KWOK
 from e2e.operator_process import OperatorProcess
 from framework.operator import resource_class
+from framework.rollout.controller import Rollout
 from services.postgres import PLUGIN
 
 pytestmark = pytest.mark.e2e
@@ -166,7 +167,7 @@ def test_operator_restart_changes_nothing(kube: Client, namespace: str, operator
 
     def versions() -> dict[str, str]:
         found = {}
-        for resource in (StatefulSet, Service, ConfigMap, Secret):
+        for resource in (StatefulSet, Rollout, Service, ConfigMap, Secret):
             for obj in kube.list(
                 resource, namespace=namespace, labels={"app.kubernetes.io/instance": "calm"}
             ):

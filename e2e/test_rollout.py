@@ -21,7 +21,7 @@ from lightkube.resources.core_v1 import Event, Pod, Secret
 from lightkube.types import PatchType
 
 from e2e.kube import client, get_or_none, kubeconfig_path, wait_until
-from e2e.manifests import PAUSE_IMAGE, statefulset
+from e2e.manifests import PAUSE_IMAGE, statefulset, statefulset_rollout
 from e2e.operator_process import OperatorProcess
 from e2e.receiver import receiving
 from framework.rollout.controller import Rollout
@@ -51,24 +51,8 @@ def pod_spec(version: str, crash: bool = False) -> dict[str, Any]:
 
 def rollout(version: str, steps: list[dict[str, Any]], replicas: int = 5, **strategy: Any) -> dict[str, Any]:
     """The issue's example, with `version` in the pods' environment."""
-    labels = {"app": "web"}
-    return {
-        "apiVersion": "statefleet.dev/v1alpha1",
-        "kind": "StatefulsetRollout",
-        "metadata": {"name": "web"},
-        "spec": {
-            "statefulSet": {
-                "replicas": replicas,
-                "serviceName": "web",
-                "selector": {"matchLabels": labels},
-                "template": {
-                    "metadata": {"labels": labels},
-                    "spec": pod_spec(version, **strategy.pop("pod", {})),
-                },
-            },
-            "strategy": {"maxUnavailable": "100%", "steps": steps, **strategy},
-        },
-    }
+    template = {"metadata": {"labels": {"app": "web"}}, "spec": pod_spec(version, **strategy.pop("pod", {}))}
+    return statefulset_rollout(template, steps, replicas, **{"maxUnavailable": "100%", **strategy})
 
 
 def cli(namespace: str, *args: str) -> subprocess.CompletedProcess[str]:

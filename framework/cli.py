@@ -101,6 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         return rollout.run(args)
     kopf.configure(
         log_format=kopf.LogFormat.JSON if args.log_format == "json" else kopf.LogFormat.FULL,
+        log_prefix=args.log_format == "plain",  # [namespace/name] before a line about an object
         verbose=False,
     )
     for noisy in ("httpx", "httpx2", "kopf.objects"):  # a line per request or handler call

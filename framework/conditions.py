@@ -56,3 +56,23 @@ def merge_conditions(
 
 def find(conditions: list[dict[str, Any]] | None, type_: str) -> dict[str, Any] | None:
     return next((c for c in conditions or [] if c.get("type") == type_), None)
+
+
+# The OpenAPI schema of `status.conditions`, for every CRD.
+SCHEMA: dict[str, Any] = {
+    "type": "array",
+    "x-kubernetes-list-type": "map",
+    "x-kubernetes-list-map-keys": ["type"],
+    "items": {
+        "type": "object",
+        "required": ["type", "status", "lastTransitionTime", "reason", "message"],
+        "properties": {
+            "type": {"type": "string"},
+            "status": {"type": "string", "enum": ["True", "False", "Unknown"]},
+            "reason": {"type": "string"},
+            "message": {"type": "string"},
+            "lastTransitionTime": {"type": "string", "format": "date-time"},
+            "observedGeneration": {"type": "integer", "format": "int64"},
+        },
+    },
+}

@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel
 
-from framework import crd
+from framework import conditions, crd
 from framework.catalog import ResolvedVersion
 
 LABEL_NAME = "app.kubernetes.io/name"
@@ -130,23 +130,7 @@ class ServicePlugin:
                 "version": {"type": "string"},
                 "image": {"type": "string"},
                 "childrenHash": {"type": "string", "description": "what the operator last applied"},
-                "conditions": {
-                    "type": "array",
-                    "x-kubernetes-list-type": "map",
-                    "x-kubernetes-list-map-keys": ["type"],
-                    "items": {
-                        "type": "object",
-                        "required": ["type", "status", "lastTransitionTime", "reason", "message"],
-                        "properties": {
-                            "type": {"type": "string"},
-                            "status": {"type": "string", "enum": ["True", "False", "Unknown"]},
-                            "reason": {"type": "string"},
-                            "message": {"type": "string"},
-                            "lastTransitionTime": {"type": "string", "format": "date-time"},
-                            "observedGeneration": {"type": "integer", "format": "int64"},
-                        },
-                    },
-                },
+                "conditions": conditions.SCHEMA,
                 **self.status_properties(),
             },
             "x-kubernetes-preserve-unknown-fields": True,  # kopf keeps its progress here

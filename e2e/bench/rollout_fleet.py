@@ -27,7 +27,7 @@ from lightkube.resources.apps_v1 import StatefulSet
 from lightkube.resources.core_v1 import Namespace
 
 from e2e.kube import client, delete_namespace, wait_until
-from e2e.manifests import ON_KWOK, PAUSE_IMAGE
+from e2e.manifests import ON_KWOK, PAUSE_IMAGE, statefulset_rollout
 from e2e.operator_process import OperatorProcess
 from framework.rollout.controller import Rollout
 
@@ -43,14 +43,17 @@ def template(version: str, delay: float) -> dict[str, Any]:
             "annotations": {
                 f"pod-create.{stage}/delay": "0s",
                 f"pod-create.{stage}/jitter-delay": "0s",
+                # kwok waits a random time between delay and jitter-delay: the same, for a fixed delay
                 f"pod-ready.{stage}/delay": f"{delay:g}s",
-                f"pod-ready.{stage}/jitter-delay": "0s",
+                f"pod-ready.{stage}/jitter-delay": f"{delay:g}s",
                 f"pod-delete.{stage}/delay": "0s",
                 f"pod-delete.{stage}/jitter-delay": "0s",
             },
         },
         "spec": {
             **ON_KWOK,
+            # kwok removes a deleted pod at its deletionTimestamp: no grace period, no wait
+            "terminationGracePeriodSeconds": 0,
             "containers": [
                 {"name": "web", "image": PAUSE_IMAGE, "env": [{"name": "VERSION", "value": version}]}
             ],
@@ -95,20 +98,7 @@ def native_rollout(kube: Client, namespace: str, replicas: int, delay: float) ->
 
 
 def rollout_body(replicas: int, version: str, delay: float) -> dict[str, Any]:
-    return {
-        "apiVersion": "statefleet.dev/v1alpha1",
-        "kind": "StatefulsetRollout",
-        "metadata": {"name": "web"},
-        "spec": {
-            "statefulSet": {
-                "replicas": replicas,
-                "serviceName": "web",
-                "selector": {"matchLabels": {"app": "web"}},
-                "template": template(version, delay),
-            },
-            "strategy": {"maxUnavailable": "50%", "steps": STEPS},
-        },
-    }
+    return statefulset_rollout(template(version, delay), STEPS, replicas, maxUnavailable="50%")
 
 
 def healthy(kube: Client, namespace: str, replicas: int, old_template: str = "") -> dict[str, Any] | None:

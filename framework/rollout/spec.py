@@ -9,6 +9,7 @@ from typing import Annotated, Any
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
+from framework import conditions
 from framework.crd import build_crd
 from framework.spec import ApiModel
 
@@ -357,23 +358,7 @@ STATUS_SCHEMA: dict[str, Any] = {
                 },
             },
         },
-        "conditions": {
-            "type": "array",
-            "x-kubernetes-list-type": "map",
-            "x-kubernetes-list-map-keys": ["type"],
-            "items": {
-                "type": "object",
-                "required": ["type", "status", "lastTransitionTime", "reason", "message"],
-                "properties": {
-                    "type": {"type": "string"},
-                    "status": {"type": "string", "enum": ["True", "False", "Unknown"]},
-                    "reason": {"type": "string"},
-                    "message": {"type": "string"},
-                    "lastTransitionTime": {"type": "string", "format": "date-time"},
-                    "observedGeneration": {"type": "integer", "format": "int64"},
-                },
-            },
-        },
+        "conditions": conditions.SCHEMA,
     },
 }
 
