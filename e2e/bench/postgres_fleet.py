@@ -15,7 +15,6 @@ import asyncio
 import sys
 import time
 import uuid
-from typing import Any
 
 from lightkube import AsyncClient, KubeConfig, codecs
 from lightkube.models.meta_v1 import ObjectMeta
@@ -26,6 +25,7 @@ from lightkube.types import PatchType
 from e2e.kube import client, delete_namespace, kubeconfig_path
 from e2e.manifests import ON_KWOK
 from e2e.operator_process import OperatorProcess
+from framework.api import bounded
 from framework.catalog import Catalog
 from framework.cli import DEFAULT_CATALOG
 from framework.operator import resource_class
@@ -42,16 +42,6 @@ SPEC = {
     "storage": {"size": "1Gi"},
     "podTemplate": ON_KWOK,
 }
-
-
-async def bounded(calls: list[Any]) -> None:
-    gate = asyncio.Semaphore(CONCURRENCY)
-
-    async def one(call: Any) -> None:
-        async with gate:
-            await call
-
-    await asyncio.gather(*(one(call) for call in calls))
 
 
 async def plain_apply(api: AsyncClient, namespace: str, count: int) -> float:
@@ -75,7 +65,7 @@ async def plain_apply(api: AsyncClient, namespace: str, count: int) -> float:
             Postgres.Status, name, {"status": planned.status}, namespace=namespace, patch_type=PatchType.MERGE
         )
 
-    await bounded([one(i) for i in range(count)])
+    await bounded([one(i) for i in range(count)], CONCURRENCY)
     return time.perf_counter() - started
 
 
@@ -88,7 +78,8 @@ async def operator_apply(api: AsyncClient, namespace: str, first: int, count: in
                 namespace=namespace,
             )
             for i in range(first, first + count)
-        ]
+        ],
+        CONCURRENCY,
     )
     wanted = {f"pg-{i}" for i in range(first + count)}
     while True:

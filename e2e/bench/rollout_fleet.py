@@ -5,6 +5,9 @@ Measured in the same run:
 - native `RollingUpdate` (one pod at a time) on a smaller StatefulSet; its time per pod is
   what a StatefulSet of the full size would take pod after pod (it is strictly sequential),
   so it is extrapolated linearly, and printed as such;
+- the cluster floor: each step's batch of pods deleted at once from a plain StatefulSet of
+  the full size, until they are back and Ready (the API server, scheduler, StatefulSet
+  controller and kwok on these two cores set it, not the rollout);
 - a `StatefulsetRollout` of the full size with steps 1%, 10%, 50%, 100% and maxUnavailable
   large enough for each step to be one batch: the total time, the floor (the sum over steps
   of the pod start delay), the operator's API writes per updated pod, its CPU seconds and
@@ -16,19 +19,23 @@ Measured in the same run:
 from __future__ import annotations
 
 import argparse
+import asyncio
+import itertools
+import math
 import sys
 import time
 import uuid
 from typing import Any
 
-from lightkube import Client
+from lightkube import AsyncClient, Client, KubeConfig
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.apps_v1 import StatefulSet
-from lightkube.resources.core_v1 import Namespace
+from lightkube.resources.core_v1 import Namespace, Pod
 
-from e2e.kube import client, delete_namespace, wait_until
+from e2e.kube import client, delete_namespace, kubeconfig_path, pod_is_ready, wait_until
 from e2e.manifests import ON_KWOK, PAUSE_IMAGE, statefulset_rollout
 from e2e.operator_process import OperatorProcess
+from framework.api import bounded
 from framework.rollout.controller import Rollout
 
 STEPS = [{"setPercent": 1}, {"setPercent": 10}, {"setPercent": 50}, {"setPercent": 100}]
@@ -97,6 +104,64 @@ def native_rollout(kube: Client, namespace: str, replicas: int, delay: float) ->
     return time.perf_counter() - started
 
 
+def batches(replicas: int) -> list[int]:
+    """The pods each step updates (1%, 10%, 50%, 100% of `replicas`, as the planner counts)."""
+    targets = [math.ceil(step["setPercent"] * replicas / 100) for step in STEPS]
+    return [later - earlier for earlier, later in itertools.pairwise([0, *targets])]
+
+
+def cluster_floor(kube: Client, namespace: str, replicas: int, delay: float) -> list[float]:
+    """What the cluster itself needs to replace each step's batch, measured: a plain Parallel
+    StatefulSet of the same size (OnDelete), each batch's pods deleted at once (16 requests in
+    flight, as the controller evicts), until every one is back and Ready."""
+    pods = template("1", delay)
+    pods["metadata"]["labels"] = {"app": "floor"}
+    body = {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": {"name": "floor"},
+        "spec": {
+            "replicas": replicas,
+            "serviceName": "floor",
+            "podManagementPolicy": "Parallel",
+            "updateStrategy": {"type": "OnDelete"},
+            "selector": {"matchLabels": {"app": "floor"}},
+            "template": pods,
+        },
+    }
+    kube.apply(StatefulSet.from_dict(body), namespace=namespace, field_manager="bench")
+
+    def all_ready() -> bool:
+        return (kube.get(StatefulSet, "floor", namespace=namespace).status.readyReplicas or 0) == replicas
+
+    wait_until("the floor StatefulSet Ready", all_ready, timeout=1200, interval=1)
+    times, top = [], replicas
+    for batch in batches(replicas):
+        names = [f"floor-{o}" for o in range(top - batch, top)]
+        old = {
+            p.metadata.name: p.metadata.uid
+            for p in kube.list(Pod, namespace=namespace, labels={"app": "floor"})
+        }
+        started = time.perf_counter()
+
+        async def delete_all(names: list[str] = names) -> None:
+            api = AsyncClient(config=KubeConfig.from_file(str(kubeconfig_path())))
+            await bounded([api.delete(Pod, name, namespace=namespace) for name in names])
+            await api.close()
+
+        asyncio.run(delete_all())
+
+        def replaced(names: list[str] = names, old: dict[str, str] = old) -> bool:
+            now = {p.metadata.name: p for p in kube.list(Pod, namespace=namespace, labels={"app": "floor"})}
+            return all(n in now and now[n].metadata.uid != old[n] and pod_is_ready(now[n]) for n in names)
+
+        wait_until(f"{batch} pods replaced", replaced, timeout=1200, interval=0.5)
+        times.append(time.perf_counter() - started)
+        top -= batch
+    kube.delete(StatefulSet, "floor", namespace=namespace)
+    return times
+
+
 def rollout_body(replicas: int, version: str, delay: float) -> dict[str, Any]:
     return statefulset_rollout(template(version, delay), STEPS, replicas, maxUnavailable="50%")
 
@@ -135,6 +200,15 @@ def main() -> int:
         extrapolated = per_pod * args.replicas
         print(f"  extrapolated to {args.replicas} replicas (sequential): {extrapolated:.0f} s")
 
+        floors = cluster_floor(kube, namespace, args.replicas, args.delay)
+        done = ", ".join(f"{n} pods {t:.1f} s" for n, t in zip(batches(args.replicas), floors, strict=True))
+        print(f"cluster floor, each step's batch deleted at once from a plain StatefulSet: {done}")
+
+        def floor_gone() -> bool:
+            return not list(kube.list(Pod, namespace=namespace, labels={"app": "floor"}))
+
+        wait_until("the floor's pods gone", floor_gone, timeout=1200, interval=2)
+
         kube.apply(
             Rollout.from_dict(rollout_body(args.replicas, "1", args.delay)),
             namespace=namespace,
@@ -171,6 +245,10 @@ def main() -> int:
         print(f"StatefulsetRollout, {args.replicas} replicas, {shape}: {took:.1f} s")
         print(f"  floor (sum over steps of the {args.delay:g} s start delay): {floor:.0f} s")
         print(f"  total / floor: {took / floor:.2f}")
+        measured = sum(floors)
+        print(
+            f"  cluster floor (measured above, summed): {measured:.1f} s; total / it: {took / measured:.2f}"
+        )
         print(f"  speed-up over native (extrapolated): {extrapolated / took:.1f}x")
         print(f"  operator API writes per updated pod: {written / args.replicas:.2f} ({written} writes)")
         print(f"  operator CPU during the rollout: {operator.cpu_seconds() - cpu:.1f} s")

@@ -26,7 +26,7 @@ from lightkube.resources.policy_v1 import PodDisruptionBudget
 from lightkube.types import PatchType
 
 from framework import metrics
-from framework.api import about, get_or_none, post_event
+from framework.api import about, bounded, get_or_none, post_event
 from framework.children import slim
 from framework.crd import GROUP, VERSION
 from framework.plugin import MANAGER
@@ -250,6 +250,31 @@ class RolloutController:
                 patch_type=PatchType.MERGE,
             )
 
+    async def _evict(self, key: Key, pod: str) -> None:
+        namespace = key[0]
+        try:
+            await self.client.create(
+                Pod.Eviction(metadata=ObjectMeta(name=pod, namespace=namespace)),
+                name=pod,
+                namespace=namespace,
+            )
+            metrics.ROLLOUT_PODS_TAKEN_DOWN.labels("evicted").inc()
+        except ApiError as error:
+            if error.status.code == 429:  # a PodDisruptionBudget says not now: next pass
+                log.info(
+                    "eviction of %s refused for now: %s", pod, error.status.message, extra=self._describe(key)
+                )
+            elif error.status.code != 404:
+                raise
+
+    async def _delete(self, key: Key, pod: str) -> None:
+        try:
+            await self.client.delete(Pod, pod, namespace=key[0])
+            metrics.ROLLOUT_PODS_TAKEN_DOWN.labels("deleted").inc()
+        except ApiError as error:
+            if error.status.code != 404:
+                raise
+
     async def _execute(self, body: dict[str, Any], observed: RolloutObserved, planned: RolloutPlan) -> None:
         namespace = observed.namespace
         spec = RolloutSpec.model_validate(observed.spec) if planned.released or planned.after_ready else None
@@ -257,31 +282,9 @@ class RolloutController:
             await self._before_take_down(observed, planned, spec)
         if planned.statefulset is not None:
             await self.client.apply(codecs.from_dict(planned.statefulset), field_manager=MANAGER, force=True)
-        for pod in planned.evict:
-            try:
-                await self.client.create(
-                    Pod.Eviction(metadata=ObjectMeta(name=pod, namespace=namespace)),
-                    name=pod,
-                    namespace=namespace,
-                )
-                metrics.ROLLOUT_PODS_TAKEN_DOWN.labels("evicted").inc()
-            except ApiError as error:
-                if error.status.code == 429:  # a PodDisruptionBudget says not now: next pass
-                    log.info(
-                        "eviction of %s refused for now: %s",
-                        pod,
-                        error.status.message,
-                        extra=self._describe((namespace, observed.name)),
-                    )
-                elif error.status.code != 404:
-                    raise
-        for pod in planned.delete:
-            try:
-                await self.client.delete(Pod, pod, namespace=namespace)
-                metrics.ROLLOUT_PODS_TAKEN_DOWN.labels("deleted").inc()
-            except ApiError as error:
-                if error.status.code != 404:
-                    raise
+        key = (namespace, observed.name)
+        await bounded([self._evict(key, pod) for pod in planned.evict])
+        await bounded([self._delete(key, pod) for pod in planned.delete])
         if spec is not None and planned.after_ready:
             await self._after_ready(observed, planned, spec)
         written = body.get("status") or {}  # observed.status may carry a fresh measurement
