@@ -10,6 +10,7 @@ import sys
 import threading
 from collections import defaultdict
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,7 +21,7 @@ from lightkube.resources.apps_v1 import StatefulSet
 from lightkube.resources.core_v1 import Event, Pod, Secret
 from lightkube.types import PatchType
 
-from e2e.kube import client, get_or_none, kubeconfig_path, wait_until
+from e2e.kube import REPO, client, get_or_none, kubeconfig_path, wait_until
 from e2e.manifests import PAUSE_IMAGE, statefulset, statefulset_rollout
 from e2e.operator_process import OperatorProcess
 from e2e.receiver import receiving
@@ -211,6 +212,36 @@ def test_the_issue_example_rolls_out_in_steps_and_notifies(
     assert all(m["channel"] == "#deploys" and m["blocks"][0]["type"] == "header" for m in slack)
     assert slack[1]["blocks"][-1]["elements"][0]["text"] == "Pods: web-4"
     assert slack[-1]["blocks"][0]["text"]["text"] == f"✅ {namespace}/web: rollout succeeded"
+
+    # kubectl finds the plugin (the kubectl-statefleet script) on PATH.
+    env = {
+        **os.environ,
+        "KUBECONFIG": str(kubeconfig_path()),
+        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+    }
+    shown = subprocess.run(
+        [
+            str(REPO / ".testbed" / "bin" / "kubectl"),
+            "statefleet",
+            "rollout",
+            "status",
+            "web",
+            "-n",
+            namespace,
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
+    assert shown.splitlines()[0] == f"StatefulsetRollout {namespace}/web: Healthy"
+
+    # Scaling alone starts no rollout: the new pod runs the current template.
+    patch(kube, namespace, {"statefulSet": {"replicas": 6}})
+    wait_phase(kube, namespace, "Healthy", availableReplicas=6)
+    assert versions(kube, namespace) == ["2"] * 6
+    assert event_reasons(kube, namespace).count("RolloutStarted") == 1
 
 
 def test_no_version_leak_where_on_delete_leaks(

@@ -5,9 +5,9 @@ Measured in the same run:
 - native `RollingUpdate` (one pod at a time) on a smaller StatefulSet; its time per pod is
   what a StatefulSet of the full size would take pod after pod (it is strictly sequential),
   so it is extrapolated linearly, and printed as such;
-- the cluster floor: each step's batch of pods deleted at once from a plain StatefulSet of
-  the full size, until they are back and Ready (the API server, scheduler, StatefulSet
-  controller and kwok on these two cores set it, not the rollout);
+- the cluster floor: the same steps on a plain StatefulSet of the full size, driven by this
+  script (partition moved, the batch evicted at once), without the controller: what the
+  API server, scheduler, StatefulSet controller and kwok on these two cores allow;
 - a `StatefulsetRollout` of the full size with steps 1%, 10%, 50%, 100% and maxUnavailable
   large enough for each step to be one batch: the total time, the floor (the sum over steps
   of the pod start delay), the operator's API writes per updated pod, its CPU seconds and
@@ -32,7 +32,7 @@ from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.apps_v1 import StatefulSet
 from lightkube.resources.core_v1 import Namespace, Pod
 
-from e2e.kube import client, delete_namespace, kubeconfig_path, pod_is_ready, wait_until
+from e2e.kube import client, delete_namespace, kubeconfig_path, wait_until
 from e2e.manifests import ON_KWOK, PAUSE_IMAGE, statefulset_rollout
 from e2e.operator_process import OperatorProcess
 from framework.api import bounded
@@ -59,8 +59,10 @@ def template(version: str, delay: float) -> dict[str, Any]:
         },
         "spec": {
             **ON_KWOK,
-            # kwok removes a deleted pod at its deletionTimestamp: no grace period, no wait
-            "terminationGracePeriodSeconds": 0,
+            # kwok removes a deleted pod by its deletionTimestamp (within a second here); a
+            # grace period of 0 deletes the pod at once, behind kwok's back, and kwok's
+            # pending work on the old pod then hits its namesake: endless churn
+            "terminationGracePeriodSeconds": 1,
             "containers": [
                 {"name": "web", "image": PAUSE_IMAGE, "env": [{"name": "VERSION", "value": version}]}
             ],
@@ -111,53 +113,71 @@ def batches(replicas: int) -> list[int]:
 
 
 def cluster_floor(kube: Client, namespace: str, replicas: int, delay: float) -> list[float]:
-    """What the cluster itself needs to replace each step's batch, measured: a plain Parallel
-    StatefulSet of the same size (OnDelete), each batch's pods deleted at once (16 requests in
-    flight, as the controller evicts), until every one is back and Ready."""
-    pods = template("1", delay)
-    pods["metadata"]["labels"] = {"app": "floor"}
-    body = {
-        "apiVersion": "apps/v1",
-        "kind": "StatefulSet",
-        "metadata": {"name": "floor"},
-        "spec": {
-            "replicas": replicas,
-            "serviceName": "floor",
-            "podManagementPolicy": "Parallel",
-            "updateStrategy": {"type": "OnDelete"},
-            "selector": {"matchLabels": {"app": "floor"}},
-            "template": pods,
-        },
-    }
-    kube.apply(StatefulSet.from_dict(body), namespace=namespace, field_manager="bench")
+    """The same mechanism without the controller, driven by this script: a plain StatefulSet
+    of the same size gets the new template with partition = replicas, then for each step the
+    partition moves down by the batch and the batch's pods are evicted at once (16 requests
+    in flight), until they run the new template and are Ready. The API server, the
+    StatefulSet controller, the scheduler and kwok on these two cores set this time."""
 
-    def all_ready() -> bool:
-        return (kube.get(StatefulSet, "floor", namespace=namespace).status.readyReplicas or 0) == replicas
-
-    wait_until("the floor StatefulSet Ready", all_ready, timeout=1200, interval=1)
-    times, top = [], replicas
-    for batch in batches(replicas):
-        names = [f"floor-{o}" for o in range(top - batch, top)]
-        old = {
-            p.metadata.name: p.metadata.uid
-            for p in kube.list(Pod, namespace=namespace, labels={"app": "floor"})
+    def body(version: str, partition: int) -> dict[str, Any]:
+        pods = template(version, delay)
+        pods["metadata"]["labels"] = {"app": "floor"}
+        return {
+            "apiVersion": "apps/v1",
+            "kind": "StatefulSet",
+            "metadata": {"name": "floor"},
+            "spec": {
+                "replicas": replicas,
+                "serviceName": "floor",
+                "podManagementPolicy": "Parallel",
+                "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"partition": partition}},
+                "selector": {"matchLabels": {"app": "floor"}},
+                "template": pods,
+            },
         }
-        started = time.perf_counter()
 
-        async def delete_all(names: list[str] = names) -> None:
+    def status() -> Any:
+        sts = kube.get(StatefulSet, "floor", namespace=namespace)
+        return sts.status if sts.status.observedGeneration == sts.metadata.generation else None
+
+    kube.apply(StatefulSet.from_dict(body("1", 0)), namespace=namespace, field_manager="bench")
+    wait_until(
+        "the floor StatefulSet Ready", lambda: (s := status()) and s.readyReplicas == replicas, 1200, 1
+    )
+    kube.apply(StatefulSet.from_dict(body("2", replicas)), namespace=namespace, field_manager="bench")
+    wait_until("the new template seen", status, 60, 0.2)
+    times, released = [], replicas
+    for batch in batches(replicas):
+        started = time.perf_counter()
+        partition = released - batch
+        kube.apply(StatefulSet.from_dict(body("2", partition)), namespace=namespace, field_manager="bench")
+        wait_until("the partition seen", status, 60, 0.1)
+
+        async def evict_all(first: int = partition, last: int = released) -> None:
             api = AsyncClient(config=KubeConfig.from_file(str(kubeconfig_path())))
-            await bounded([api.delete(Pod, name, namespace=namespace) for name in names])
+            names = [f"floor-{o}" for o in range(first, last)]
+            await bounded(
+                [
+                    api.create(
+                        Pod.Eviction(metadata=ObjectMeta(name=n, namespace=namespace)),
+                        name=n,
+                        namespace=namespace,
+                    )
+                    for n in names
+                ]
+            )
             await api.close()
 
-        asyncio.run(delete_all())
+        asyncio.run(evict_all())
+        updated = replicas - partition
 
-        def replaced(names: list[str] = names, old: dict[str, str] = old) -> bool:
-            now = {p.metadata.name: p for p in kube.list(Pod, namespace=namespace, labels={"app": "floor"})}
-            return all(n in now and now[n].metadata.uid != old[n] and pod_is_ready(now[n]) for n in names)
+        def step_done(updated: int = updated) -> bool:
+            current = status()
+            return bool(current) and current.updatedReplicas == updated and current.readyReplicas == replicas
 
-        wait_until(f"{batch} pods replaced", replaced, timeout=1200, interval=0.5)
+        wait_until(f"{batch} pods updated and Ready", step_done, timeout=1200, interval=0.5)
         times.append(time.perf_counter() - started)
-        top -= batch
+        released = partition
     kube.delete(StatefulSet, "floor", namespace=namespace)
     return times
 
@@ -202,7 +222,7 @@ def main() -> int:
 
         floors = cluster_floor(kube, namespace, args.replicas, args.delay)
         done = ", ".join(f"{n} pods {t:.1f} s" for n, t in zip(batches(args.replicas), floors, strict=True))
-        print(f"cluster floor, each step's batch deleted at once from a plain StatefulSet: {done}")
+        print(f"cluster floor, the same steps on a plain StatefulSet driven by this script: {done}")
 
         def floor_gone() -> bool:
             return not list(kube.list(Pod, namespace=namespace, labels={"app": "floor"}))
