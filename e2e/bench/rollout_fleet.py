@@ -5,9 +5,6 @@ Measured in the same run:
 - native `RollingUpdate` (one pod at a time) on a smaller StatefulSet; its time per pod is
   what a StatefulSet of the full size would take pod after pod (it is strictly sequential),
   so it is extrapolated linearly, and printed as such;
-- the cluster floor: the same steps on a plain StatefulSet of the full size, driven by this
-  script (partition moved, the batch evicted at once), without the controller: what the
-  API server, scheduler, StatefulSet controller and kwok on these two cores allow;
 - a `StatefulsetRollout` of the full size with steps 1%, 10%, 50%, 100% and maxUnavailable
   large enough for each step to be one batch: the total time, the floor (the sum over steps
   of the pod start delay), the operator's API writes per updated pod, its CPU seconds and
@@ -19,24 +16,21 @@ Measured in the same run:
 from __future__ import annotations
 
 import argparse
-import asyncio
-import itertools
-import math
 import sys
 import time
 import uuid
 from typing import Any
 
-from lightkube import AsyncClient, Client, KubeConfig
+from lightkube import Client
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.apps_v1 import StatefulSet
-from lightkube.resources.core_v1 import Namespace, Pod
+from lightkube.resources.core_v1 import Namespace
 
-from e2e.kube import client, delete_namespace, kubeconfig_path, wait_until
+from e2e.kube import client, delete_namespace, wait_until
 from e2e.manifests import ON_KWOK, PAUSE_IMAGE, statefulset_rollout
 from e2e.operator_process import OperatorProcess
-from framework.api import bounded
 from framework.rollout.controller import Rollout
+from framework.rollout.plan import parse_time
 
 STEPS = [{"setPercent": 1}, {"setPercent": 10}, {"setPercent": 50}, {"setPercent": 100}]
 WRITES = ("POST", "PUT", "PATCH", "DELETE")
@@ -59,10 +53,10 @@ def template(version: str, delay: float) -> dict[str, Any]:
         },
         "spec": {
             **ON_KWOK,
-            # kwok removes a deleted pod by its deletionTimestamp (within a second here); a
-            # grace period of 0 deletes the pod at once, behind kwok's back, and kwok's
-            # pending work on the old pod then hits its namesake: endless churn
-            "terminationGracePeriodSeconds": 1,
+            # Gone as soon as evicted. With a grace period kwok removes the pod itself, and
+            # under a mass eviction its pending work on an old pod hits the namesake the
+            # StatefulSet controller made (kwok keys by name): pods churn for minutes.
+            "terminationGracePeriodSeconds": 0,
             "containers": [
                 {"name": "web", "image": PAUSE_IMAGE, "env": [{"name": "VERSION", "value": version}]}
             ],
@@ -106,82 +100,6 @@ def native_rollout(kube: Client, namespace: str, replicas: int, delay: float) ->
     return time.perf_counter() - started
 
 
-def batches(replicas: int) -> list[int]:
-    """The pods each step updates (1%, 10%, 50%, 100% of `replicas`, as the planner counts)."""
-    targets = [math.ceil(step["setPercent"] * replicas / 100) for step in STEPS]
-    return [later - earlier for earlier, later in itertools.pairwise([0, *targets])]
-
-
-def cluster_floor(kube: Client, namespace: str, replicas: int, delay: float) -> list[float]:
-    """The same mechanism without the controller, driven by this script: a plain StatefulSet
-    of the same size gets the new template with partition = replicas, then for each step the
-    partition moves down by the batch and the batch's pods are evicted at once (16 requests
-    in flight), until they run the new template and are Ready. The API server, the
-    StatefulSet controller, the scheduler and kwok on these two cores set this time."""
-
-    def body(version: str, partition: int) -> dict[str, Any]:
-        pods = template(version, delay)
-        pods["metadata"]["labels"] = {"app": "floor"}
-        return {
-            "apiVersion": "apps/v1",
-            "kind": "StatefulSet",
-            "metadata": {"name": "floor"},
-            "spec": {
-                "replicas": replicas,
-                "serviceName": "floor",
-                "podManagementPolicy": "Parallel",
-                "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"partition": partition}},
-                "selector": {"matchLabels": {"app": "floor"}},
-                "template": pods,
-            },
-        }
-
-    def status() -> Any:
-        sts = kube.get(StatefulSet, "floor", namespace=namespace)
-        return sts.status if sts.status.observedGeneration == sts.metadata.generation else None
-
-    kube.apply(StatefulSet.from_dict(body("1", 0)), namespace=namespace, field_manager="bench")
-    wait_until(
-        "the floor StatefulSet Ready", lambda: (s := status()) and s.readyReplicas == replicas, 1200, 1
-    )
-    kube.apply(StatefulSet.from_dict(body("2", replicas)), namespace=namespace, field_manager="bench")
-    wait_until("the new template seen", status, 60, 0.2)
-    times, released = [], replicas
-    for batch in batches(replicas):
-        started = time.perf_counter()
-        partition = released - batch
-        kube.apply(StatefulSet.from_dict(body("2", partition)), namespace=namespace, field_manager="bench")
-        wait_until("the partition seen", status, 60, 0.1)
-
-        async def evict_all(first: int = partition, last: int = released) -> None:
-            api = AsyncClient(config=KubeConfig.from_file(str(kubeconfig_path())))
-            names = [f"floor-{o}" for o in range(first, last)]
-            await bounded(
-                [
-                    api.create(
-                        Pod.Eviction(metadata=ObjectMeta(name=n, namespace=namespace)),
-                        name=n,
-                        namespace=namespace,
-                    )
-                    for n in names
-                ]
-            )
-            await api.close()
-
-        asyncio.run(evict_all())
-        updated = replicas - partition
-
-        def step_done(updated: int = updated) -> bool:
-            current = status()
-            return bool(current) and current.updatedReplicas == updated and current.readyReplicas == replicas
-
-        wait_until(f"{batch} pods updated and Ready", step_done, timeout=1200, interval=0.5)
-        times.append(time.perf_counter() - started)
-        released = partition
-    kube.delete(StatefulSet, "floor", namespace=namespace)
-    return times
-
-
 def rollout_body(replicas: int, version: str, delay: float) -> dict[str, Any]:
     return statefulset_rollout(template(version, delay), STEPS, replicas, maxUnavailable="50%")
 
@@ -220,15 +138,6 @@ def main() -> int:
         extrapolated = per_pod * args.replicas
         print(f"  extrapolated to {args.replicas} replicas (sequential): {extrapolated:.0f} s")
 
-        floors = cluster_floor(kube, namespace, args.replicas, args.delay)
-        done = ", ".join(f"{n} pods {t:.1f} s" for n, t in zip(batches(args.replicas), floors, strict=True))
-        print(f"cluster floor, the same steps on a plain StatefulSet driven by this script: {done}")
-
-        def floor_gone() -> bool:
-            return not list(kube.list(Pod, namespace=namespace, labels={"app": "floor"}))
-
-        wait_until("the floor's pods gone", floor_gone, timeout=1200, interval=2)
-
         kube.apply(
             Rollout.from_dict(rollout_body(args.replicas, "1", args.delay)),
             namespace=namespace,
@@ -265,10 +174,10 @@ def main() -> int:
         print(f"StatefulsetRollout, {args.replicas} replicas, {shape}: {took:.1f} s")
         print(f"  floor (sum over steps of the {args.delay:g} s start delay): {floor:.0f} s")
         print(f"  total / floor: {took / floor:.2f}")
-        measured = sum(floors)
-        print(
-            f"  cluster floor (measured above, summed): {measured:.1f} s; total / it: {took / measured:.2f}"
-        )
+        history = kube.get(Rollout, "web", namespace=namespace).to_dict()["status"]["history"]
+        for entry in history:
+            spent = (parse_time(entry["finishedAt"]) - parse_time(entry["startedAt"])).total_seconds()
+            print(f"    step {entry['step']} ({entry['description']}): {entry['pods']} in {spent:.0f} s")
         print(f"  speed-up over native (extrapolated): {extrapolated / took:.1f}x")
         print(f"  operator API writes per updated pod: {written / args.replicas:.2f} ({written} writes)")
         print(f"  operator CPU during the rollout: {operator.cpu_seconds() - cpu:.1f} s")

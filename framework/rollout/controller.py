@@ -26,7 +26,7 @@ from lightkube.resources.policy_v1 import PodDisruptionBudget
 from lightkube.types import PatchType
 
 from framework import metrics
-from framework.api import about, bounded, get_or_none, post_event
+from framework.api import about, get_or_none, post_event
 from framework.children import slim
 from framework.crd import GROUP, VERSION
 from framework.plugin import MANAGER
@@ -283,8 +283,13 @@ class RolloutController:
         if planned.statefulset is not None:
             await self.client.apply(codecs.from_dict(planned.statefulset), field_manager=MANAGER, force=True)
         key = (namespace, observed.name)
-        await bounded([self._evict(key, pod) for pod in planned.evict])
-        await bounded([self._delete(key, pod) for pod in planned.delete])
+        # One at a time: a batch of hundreds still goes out in seconds, and the API server and
+        # the nodes see a steady stream rather than a burst (kwok's simulated nodes, keyed by
+        # pod name, churn for minutes under a burst of evictions of StatefulSet pods).
+        for pod in planned.evict:
+            await self._evict(key, pod)
+        for pod in planned.delete:
+            await self._delete(key, pod)
         if spec is not None and planned.after_ready:
             await self._after_ready(observed, planned, spec)
         written = body.get("status") or {}  # observed.status may carry a fresh measurement
