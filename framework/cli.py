@@ -47,9 +47,10 @@ async def run_operator(args: argparse.Namespace) -> None:
         await install_crds(client)
     if args.metrics_port:
         metrics.serve(args.metrics_port)
-    operator = Operator(client, catalog, load_plugins())
+    rollouts = RolloutController(client)
+    rollouts.register()
+    operator = Operator(client, catalog, load_plugins(), rollouts)
     operator.register()
-    RolloutController(client).register()
 
     @kopf.on.startup()
     def configure(settings: kopf.OperatorSettings, **_: Any) -> None:

@@ -25,12 +25,11 @@ from lightkube.types import PatchType
 from framework import metrics
 from framework.api import about, get_or_none, post_event
 from framework.catalog import Catalog
-from framework.children import Children
 from framework.crd import GROUP, VERSION
 from framework.plugin import LABEL_INSTANCE, LABEL_MANAGED_BY, LABEL_NAME, MANAGER, Observed, ServicePlugin
 from framework.queue import WorkQueue
 from framework.reconcile import Plan, plan, status_changed, status_patch
-from framework.rollout.controller import Rollout
+from framework.rollout.controller import Rollout, RolloutController
 
 log = logging.getLogger("statefleet")
 
@@ -48,14 +47,22 @@ def resource_class(plugin: ServicePlugin) -> Any:
 
 
 class Operator:
-    def __init__(self, client: AsyncClient, catalog: Catalog, plugins: Iterable[ServicePlugin]) -> None:
+    def __init__(
+        self,
+        client: AsyncClient,
+        catalog: Catalog,
+        plugins: Iterable[ServicePlugin],
+        rollouts: RolloutController,
+    ) -> None:
         self.client = client
         self.catalog = catalog
         self.plugins = {plugin.service: plugin for plugin in plugins}
         self.queue = WorkQueue(self._reconcile_once, self._describe)
         self._readiness: dict[tuple[str, str, str], bool] = {}
         self._written: dict[tuple[str, str, str], str] = {}  # resourceVersion of our last status write
-        self.children = Children()
+        # A service's StatefulSet and pods belong to its StatefulsetRollout (same name): the
+        # rollout controller's indexes hold them, one copy for both controllers.
+        self.rollouts = rollouts
         # Set by the first handler call, which kopf makes only once its indexes are filled.
         self._watching = asyncio.Event()
 
@@ -68,7 +75,7 @@ class Operator:
         are never remade, so a status that records an apply means they exist; a deleted one is
         recreated by the next resync."""
         name, namespace = body["metadata"]["name"], body["metadata"]["namespace"]
-        statefulset, pods = self.children.of(plugin.service, namespace, name)
+        statefulset, pods = self.rollouts.children((namespace, name))
         secrets: dict[str, dict[str, Any]] = {}
         applied_before = bool((body.get("status") or {}).get("childrenHash"))
         for generated in plugin.generated_secrets:
@@ -198,7 +205,6 @@ class Operator:
 
     def register(self) -> None:
         """kopf handlers: the resources themselves, and their children, all into `reconcile`."""
-        self.children.register()
         for plugin in self.plugins.values():
             self._register_plugin(plugin)
 

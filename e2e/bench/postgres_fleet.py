@@ -15,6 +15,7 @@ import asyncio
 import sys
 import time
 import uuid
+from datetime import UTC, datetime
 
 from lightkube import AsyncClient, KubeConfig, codecs
 from lightkube.models.meta_v1 import ObjectMeta
@@ -31,6 +32,8 @@ from framework.cli import DEFAULT_CATALOG
 from framework.operator import resource_class
 from framework.plugin import MANAGER, Observed
 from framework.reconcile import plan
+from framework.rollout.controller import Rollout
+from framework.rollout.plan import RolloutObserved, plan_rollout
 from services.postgres import PLUGIN
 
 Postgres = resource_class(PLUGIN)
@@ -45,7 +48,8 @@ SPEC = {
 
 
 async def plain_apply(api: AsyncClient, namespace: str, count: int) -> float:
-    """Applies what the operator would, without it: Secrets, children, then status."""
+    """Applies what the operators would, without them: Secrets, children, the rollout's
+    StatefulSet and status, then the resource's status."""
     catalog = Catalog.from_file(DEFAULT_CATALOG)
     started = time.perf_counter()
 
@@ -60,7 +64,32 @@ async def plain_apply(api: AsyncClient, namespace: str, count: int) -> float:
         for secret in planned.secrets_to_create:
             await api.create(codecs.from_dict(secret))
         for child in planned.children:
-            await api.apply(codecs.from_dict(child), field_manager=MANAGER, force=True)
+            applied = await api.apply(codecs.from_dict(child), field_manager=MANAGER, force=True)
+            if child["kind"] == "StatefulsetRollout":
+                # What the rollout controller writes for it: the StatefulSet and a status.
+                first = plan_rollout(
+                    RolloutObserved(
+                        name=name,
+                        namespace=namespace,
+                        uid=applied.metadata.uid,
+                        generation=1,
+                        spec=child["spec"],
+                        status={},
+                        statefulset=None,
+                        pods=[],
+                        now=datetime.now(UTC),
+                        labels=child["metadata"]["labels"],
+                    )
+                )
+                assert first.statefulset is not None
+                await api.apply(codecs.from_dict(first.statefulset), field_manager=MANAGER, force=True)
+                await api.patch(
+                    Rollout.Status,
+                    name,
+                    {"status": first.status},
+                    namespace=namespace,
+                    patch_type=PatchType.MERGE,
+                )
         await api.patch(
             Postgres.Status, name, {"status": planned.status}, namespace=namespace, patch_type=PatchType.MERGE
         )

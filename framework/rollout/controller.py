@@ -27,7 +27,6 @@ from lightkube.types import PatchType
 
 from framework import metrics
 from framework.api import about, get_or_none, post_event
-from framework.children import slim
 from framework.crd import GROUP, VERSION
 from framework.plugin import MANAGER
 from framework.queue import WorkQueue
@@ -50,6 +49,12 @@ Rollout = create_namespaced_resource(GROUP, VERSION, KIND, PLURAL)
 PODS_INDEX = "statefleet_rollout_pods"
 STATEFULSETS_INDEX = "statefleet_rollout_statefulsets"
 Key = tuple[str, str]  # namespace, name
+
+
+def slim(body: Mapping[str, Any], keep: tuple[str, ...]) -> dict[str, Any]:
+    """The parts of an object a plan reads; managedFields and the rest stay out of memory."""
+    metadata = {k: v for k, v in (body.get("metadata") or {}).items() if k != "managedFields"}
+    return {"metadata": metadata, **{part: body[part] for part in keep if part in body}}
 
 
 def rollout_key(body: Mapping[str, Any]) -> Key | None:
@@ -139,7 +144,7 @@ class RolloutController:
     def _describe(self, key: Key) -> dict[str, Any]:
         return about(KIND, *key)
 
-    def _children(self, key: Key) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+    def children(self, key: Key) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
         name = key[1]
         statefulsets = [s for s in self._statefulsets.get(key, ()) if s["metadata"].get("name") == name]
         return (statefulsets[0] if statefulsets else None), list(self._pods.get(key, ()))
@@ -162,7 +167,7 @@ class RolloutController:
             self._written.pop(key, None)
             return None
         with metrics.timed_reconcile(KIND):
-            statefulset, pods = self._children(key)
+            statefulset, pods = self.children(key)
             status = body.get("status") or {}
             observed = RolloutObserved(
                 name=name,
