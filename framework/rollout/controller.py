@@ -74,7 +74,12 @@ async def index_pod(body: kopf.Body, **_: Any) -> dict[Key, dict[str, Any]]:
 
 async def index_statefulset(body: kopf.Body, **_: Any) -> dict[Key, dict[str, Any]]:
     key = rollout_key(body)
-    return {key: slim(body, ("spec", "status"))} if key else {}
+    if not key:
+        return {}
+    kept = slim(body, ("status",))
+    # The pod template is most of a StatefulSet's size and no plan reads it back.
+    kept["spec"] = {k: v for k, v in (body.get("spec") or {}).items() if k != "template"}
+    return {key: kept}
 
 
 def selector_matches(selector: Mapping[str, Any] | None, labels: Mapping[str, str]) -> bool:
