@@ -59,6 +59,9 @@ async def run_operator(args: argparse.Namespace) -> None:
         settings.posting.enabled = False  # Events are ours: one per transition, never repeated
         settings.watching.server_timeout = 300
         settings.networking.request_timeout = 60
+        # A worker task per watched object lingers this long after its last event; at a few
+        # thousand objects (resources, rollouts, StatefulSets, pods) that is memory.
+        settings.batching.idle_timeout = 1.0
 
     resync = asyncio.create_task(operator.resync_forever(args.namespace))
     try:
