@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
-from collections.abc import Awaitable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -60,14 +58,3 @@ async def post_event(client: AsyncClient, kind: str, body: dict[str, Any], note:
         count=1,
     )
     await client.create(event)
-
-
-async def bounded(calls: list[Awaitable[Any]], at_once: int = 16) -> None:
-    """Runs `calls` with at most `at_once` in flight (a batch of hundreds of evictions)."""
-    gate = asyncio.Semaphore(at_once)
-
-    async def one(call: Awaitable[Any]) -> None:
-        async with gate:
-            await call
-
-    await asyncio.gather(*(one(call) for call in calls))

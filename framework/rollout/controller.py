@@ -291,7 +291,7 @@ class RolloutController:
 
     async def _execute(self, body: dict[str, Any], observed: RolloutObserved, planned: RolloutPlan) -> None:
         namespace = observed.namespace
-        spec = RolloutSpec.model_validate(observed.spec) if planned.released or planned.after_ready else None
+        spec = planned.spec
         if spec is not None and planned.released and spec.strategy.hooks.before_take_down:
             await self._before_take_down(observed, planned, spec)
         if planned.statefulset is not None:
@@ -324,7 +324,8 @@ class RolloutController:
             metrics.ROLLOUT_EVENTS.labels(note.reason).inc()
             await post_event(self.client, KIND, body, note)
         if sending:
-            await self._notify(namespace, RolloutSpec.model_validate(observed.spec).notifications, sending)
+            assert spec is not None  # notices come from the events of a valid spec's plan
+            await self._notify(namespace, spec.notifications, sending)
 
     async def _secret_value(self, namespace: str, ref: SecretKeyRef) -> str:
         secret = await get_or_none(self.client, Secret, ref.name, namespace)

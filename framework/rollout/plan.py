@@ -141,6 +141,7 @@ class RolloutPlan:
     events: list[EventNote] = field(default_factory=list)
     requeue_after: float | None = None
     needs_stable_template: bool = False  # fetch status.stableRevision's template, plan again
+    spec: RolloutSpec | None = None  # as validated (None: invalid)
     released: list[str] = field(default_factory=list)  # pods the new partition releases, highest first
     after_ready: list[str] = field(default_factory=list)  # updated, available, afterReady hooks not run
 
@@ -595,6 +596,7 @@ def _finish(
         delete=run.delete,
         events=run.events,
         requeue_after=min(run.requeue) if run.requeue else None,
+        spec=run.spec,
         released=run.released,
         after_ready=after_ready,
     )
