@@ -21,7 +21,7 @@ from typing import Any
 import httpx2
 import kopf
 import yaml
-from lightkube import AsyncClient, codecs
+from lightkube import AsyncClient, Client, codecs
 
 from framework import metrics
 from framework.catalog import Catalog
@@ -105,6 +105,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     commands.add_parser("crds", help="print the CustomResourceDefinitions")
     rollout.add(commands)
+    for plugin in load_plugins():
+        if plugin.commands is not None:
+            plugin.commands.add(commands)
     args = parser.parse_args(argv)
 
     if args.command == "crds":
@@ -112,6 +115,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "rollout":
         return rollout.run(args)
+    if hasattr(args, "handler"):  # a plugin's verb
+        return int(args.handler(args, Client(field_manager="statefleet-cli")))
     kopf.configure(
         log_format=kopf.LogFormat.JSON if args.log_format == "json" else kopf.LogFormat.FULL,
         log_prefix=args.log_format == "plain",  # [namespace/name] before a line about an object

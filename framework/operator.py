@@ -10,7 +10,9 @@ from __future__ import annotations
 import asyncio
 import fnmatch
 import logging
+import time
 from collections.abc import Iterable
+from dataclasses import replace
 from typing import Any
 
 import kopf
@@ -26,7 +28,15 @@ from framework import metrics
 from framework.api import about, get_or_none, post_event
 from framework.catalog import Catalog
 from framework.crd import GROUP, VERSION
-from framework.plugin import LABEL_INSTANCE, LABEL_MANAGED_BY, LABEL_NAME, MANAGER, Observed, ServicePlugin
+from framework.plugin import (
+    LABEL_INSTANCE,
+    LABEL_MANAGED_BY,
+    LABEL_NAME,
+    MANAGER,
+    Inspection,
+    Observed,
+    ServicePlugin,
+)
 from framework.queue import WorkQueue
 from framework.reconcile import Plan, plan, status_changed, status_patch
 from framework.rollout.controller import Rollout, RolloutController
@@ -65,6 +75,12 @@ class Operator:
         self.rollouts = rollouts
         # Set by the first handler call, which kopf makes only once its indexes are filled.
         self._watching = asyncio.Event()
+        # What each resource's servers last said, asked in the background (never inside a
+        # reconcile: a server that does not answer must not hold the others up).
+        self._inspections: dict[tuple[str, str, str], Inspection] = {}
+        self._inspecting: dict[tuple[str, str, str], asyncio.TimerHandle | asyncio.Task[None]] = {}
+        self._silent: dict[tuple[str, str, str], int] = {}  # inspections in a row nobody answered
+        self._inspectors = asyncio.Semaphore(32)
 
     # --- observe ------------------------------------------------------------------------
     async def observe(self, plugin: ServicePlugin, body: dict[str, Any], thorough: bool) -> Observed:
@@ -95,6 +111,8 @@ class Operator:
             statefulset=statefulset,
             pods=sorted(pods, key=lambda p: p["metadata"]["name"]),
             secrets=secrets,
+            inspection=self._inspections.get((plugin.service, namespace, name)),
+            clock=asyncio.get_running_loop().time(),
         )
 
     # --- act --------------------------------------------------------------------------------
@@ -120,7 +138,10 @@ class Operator:
             if observed.status.get("childrenHash"):  # before the first apply there is nothing to prune
                 await self._prune(plugin, observed, planned.children)
         # Always: a pod that comes back (deleted, evicted) must get its role label at once.
-        await self._label_pods(observed, planned.pod_labels)
+        await self._label_pods(observed, planned.operations.pod_labels)
+        for action in planned.operations.actions:
+            log.info("%s", action, extra=about(plugin.kind, observed.namespace, observed.name))
+            await plugin.perform(self.client, observed, action)
         if status_changed(observed.status, planned.status):
             written = await self.client.patch(
                 resource_class(plugin).Status,
@@ -168,10 +189,6 @@ class Operator:
     ) -> None:
         await self.queue.process((plugin.service, namespace, name), thorough=force_apply)
 
-    def reconcile_soon(self, plugin: ServicePlugin, namespace: str, name: str) -> None:
-        """One pass for a burst of child events (a pod's status, then its StatefulSet's, ...)."""
-        self.queue.soon((plugin.service, namespace, name))
-
     async def _reconcile_once(self, key: tuple[str, str, str], force_apply: bool) -> None:
         service, namespace, name = key
         plugin = self.plugins[service]
@@ -181,9 +198,59 @@ class Operator:
             return
         with metrics.timed_reconcile(plugin.kind):
             observed = await self.observe(plugin, body, thorough=force_apply)
-            planned = plan(plugin, observed, self.catalog, body["metadata"]["uid"], force_apply)
-            await self.execute(plugin, body, planned, observed)
+            planned = plan(plugin, observed, self.catalog, body["metadata"]["uid"], force_apply, time.time())
+            try:
+                await self.execute(plugin, body, planned, observed)
+            finally:
+                self._inspect_later(
+                    plugin, key, replace(observed, status=planned.status), planned.operations.inspect_in
+                )
         self._record_readiness(plugin, key, planned)
+
+    # --- asking the servers -------------------------------------------------------------------
+    def _inspect_later(
+        self, plugin: ServicePlugin, key: tuple[str, str, str], observed: Observed, delay: float | None
+    ) -> None:
+        """One inspection in `delay` seconds (backing off while no server answers), then a pass
+        with what it found. An earlier one already due is kept."""
+        if delay is None:
+            return
+        silent = self._silent.get(key, 0)
+        if silent:
+            delay = max(delay, min(60.0, 2.0**silent))
+        loop = asyncio.get_running_loop()
+        pending = self._inspecting.get(key)
+        if isinstance(pending, asyncio.Task) and not pending.done():
+            return  # one is under way; its pass plans the next
+        if isinstance(pending, asyncio.TimerHandle):
+            if pending.when() <= loop.time() + delay:
+                return
+            pending.cancel()
+
+        def start() -> None:
+            self._inspecting[key] = asyncio.ensure_future(self._inspect(plugin, key, observed))
+
+        self._inspecting[key] = loop.call_later(delay, start)
+
+    async def _inspect(self, plugin: ServicePlugin, key: tuple[str, str, str], observed: Observed) -> None:
+        _, namespace, name = key
+        try:
+            # The freshest pods (an IP may have changed since `observed`).
+            statefulset, pods = self.rollouts.children((namespace, name))
+            current = replace(
+                observed, statefulset=statefulset, pods=sorted(pods, key=lambda p: p["metadata"]["name"])
+            )
+            async with self._inspectors:
+                inspection = await plugin.inspect(self.client, current, self._inspections.get(key))
+        except Exception:
+            log.exception("inspecting the servers failed", extra=about(plugin.kind, namespace, name))
+            inspection = None
+        finally:
+            self._inspecting.pop(key, None)
+        if inspection is not None:
+            self._inspections[key] = inspection
+            self._silent[key] = 0 if inspection.answered else self._silent.get(key, 0) + 1
+        self.queue.soon(key, delay=0)
 
     def _describe(self, key: tuple[str, str, str]) -> dict[str, Any]:
         service, namespace, name = key
@@ -191,6 +258,11 @@ class Operator:
 
     def _forget(self, key: tuple[str, str, str]) -> None:
         self.queue.forget(key)
+        self._inspections.pop(key, None)
+        self._silent.pop(key, None)
+        pending = self._inspecting.pop(key, None)
+        if pending is not None:
+            pending.cancel()
         self._readiness.pop(key, None)
         self._written.pop(key, None)
 
@@ -213,7 +285,9 @@ class Operator:
             labels = body.get("metadata", {}).get("labels") or {}
             plugin = self.plugins.get(labels.get(LABEL_NAME, ""))
             if plugin and labels.get(LABEL_INSTANCE):
-                self.reconcile_soon(plugin, body["metadata"]["namespace"], labels[LABEL_INSTANCE])
+                key = (plugin.service, body["metadata"]["namespace"], labels[LABEL_INSTANCE])
+                self._silent.pop(key, None)  # something changed: ask the servers without backing off
+                self.queue.soon(key)  # one pass for a burst (a pod's status, then its StatefulSet's)
 
         managed = {LABEL_MANAGED_BY: MANAGER}
         kopf.on.event("apps", "v1", "statefulsets", labels=managed, id="statefulset-changed")(child_changed)

@@ -14,6 +14,7 @@ import string
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from lightkube import AsyncClient
 from pydantic import BaseModel
 
 from framework import conditions, crd
@@ -46,6 +47,33 @@ class GeneratedSecret:
         return {**self.fixed, **generated}
 
 
+@dataclass(frozen=True)
+class Inspection:
+    """What a plugin's servers said when last asked (see `ServicePlugin.inspect`)."""
+
+    at: float  # the event loop's clock
+    facts: Any  # the plugin's own reading
+    answered: bool  # at least one server answered (the framework backs off when none does)
+
+
+@dataclass(frozen=True)
+class EventNote:
+    type: str  # Normal or Warning
+    reason: str
+    message: str
+
+
+@dataclass
+class Operations:
+    """What a plugin wants done inside its service this pass (see `ServicePlugin.operate`)."""
+
+    pod_labels: dict[str, dict[str, str]] = field(default_factory=dict)  # pod name -> labels to set
+    actions: list[Any] = field(default_factory=list)  # handed to `perform`, in order, after the apply
+    status: dict[str, Any] = field(default_factory=dict)  # status fields the plugin owns
+    events: list[EventNote] = field(default_factory=list)
+    inspect_in: float | None = None  # seconds until the servers should be asked again
+
+
 @dataclass
 class Observed:
     """What the cluster shows of one resource and its children, read once per reconcile."""
@@ -58,6 +86,8 @@ class Observed:
     statefulset: dict[str, Any] | None = None
     pods: list[dict[str, Any]] = field(default_factory=list)
     secrets: dict[str, dict[str, Any]] = field(default_factory=dict)  # by suffix
+    inspection: Inspection | None = None  # the servers' last answers, None before the first
+    clock: float = 0.0  # the event loop's clock when observed (to age `inspection`)
 
 
 @dataclass(frozen=True)
@@ -79,6 +109,9 @@ class ServicePlugin:
     service: ClassVar[str]  # catalog key, template folder, app.kubernetes.io/name
     spec_model: ClassVar[type[BaseModel]]
     generated_secrets: ClassVar[tuple[GeneratedSecret, ...]] = ()
+    # The plugin's `statefleet` verbs: a module with `add(subparsers)`, whose parsers set
+    # `handler(args, kube) -> exit code` (e.g. `statefleet pg promote`). None: no verbs.
+    commands: ClassVar[Any] = None
     # Kinds the templates render, in apply order; children of these kinds that the templates
     # no longer render are deleted.
     child_kinds: ClassVar[tuple[str, ...]] = ("ConfigMap", "Service", "PodDisruptionBudget", "StatefulSet")
@@ -96,9 +129,22 @@ class ServicePlugin:
     def read_status(self, spec: BaseModel, version: ResolvedVersion, observed: Observed) -> ServiceStatus:
         raise NotImplementedError
 
-    def pod_labels(self, spec: BaseModel, observed: Observed) -> dict[str, dict[str, str]]:
-        """Labels the framework keeps on individual pods (e.g. the primary's role), by pod name."""
-        return {}
+    def operate(self, spec: BaseModel, observed: Observed, now: float) -> Operations:
+        """Pure: what to do inside the service given what its pods and servers showed (labels
+        for individual pods such as the primary's role, actions such as a promotion, status
+        fields, Events), and when to ask the servers again. `now` is wall-clock seconds."""
+        return Operations()
+
+    async def inspect(
+        self, client: AsyncClient, observed: Observed, previous: Inspection | None
+    ) -> Inspection | None:
+        """Asks the servers how they are (the framework calls it in the background, never
+        inside a reconcile, when `operate` asked for it). None: nothing to ask."""
+        return None
+
+    async def perform(self, client: AsyncClient, observed: Observed, action: Any) -> None:
+        """Carries out one of the actions `operate` planned."""
+        raise NotImplementedError(f"{self.kind} plans no actions")
 
     def status_properties(self) -> dict[str, Any]:
         """OpenAPI properties of the plugin's own status fields."""

@@ -21,9 +21,13 @@ Work = Callable[[Any, bool], Awaitable[float | None]]
 
 
 class WorkQueue:
-    def __init__(self, work: Work, describe: Callable[[Any], dict[str, Any]]) -> None:
+    def __init__(self, work: Work, describe: Callable[[Any], dict[str, Any]], workers: int = 16) -> None:
         self._work = work
         self._describe = describe  # log `extra` naming the key's object
+        # Passes in flight at once: a burst of hundreds of new objects would otherwise hold
+        # hundreds of bodies and responses at the same moment, for no gain (the API server
+        # is the bottleneck) and at a lasting cost (freed memory does not go back to the OS).
+        self._workers = asyncio.Semaphore(workers)
         self._locks: dict[Hashable, asyncio.Lock] = {}
         self._dirty: dict[Hashable, bool] = {}  # key -> a thorough pass was asked for
         self._failures: dict[Hashable, int] = {}
@@ -40,7 +44,8 @@ class WorkQueue:
             while True:
                 thorough = self._dirty.pop(key, False) or thorough
                 try:
-                    again = await self._work(key, thorough)
+                    async with self._workers:
+                        again = await self._work(key, thorough)
                 except Exception:
                     self._retry_later(key)
                     return

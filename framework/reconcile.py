@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pydantic import ValidationError
@@ -19,17 +19,10 @@ from pydantic import ValidationError
 from framework import conditions
 from framework.catalog import Catalog, ResolvedVersion, VersionRefused, resolve
 from framework.conditions import Condition
-from framework.plugin import Observed, ServicePlugin, ServiceStatus
+from framework.plugin import EventNote, Observed, Operations, ServicePlugin, ServiceStatus
 from framework.render import render_children
 
 API_VERSION = "statefleet.dev/v1alpha1"
-
-
-@dataclass(frozen=True)
-class EventNote:
-    type: str  # Normal or Warning
-    reason: str
-    message: str
 
 
 @dataclass
@@ -37,9 +30,9 @@ class Plan:
     status: dict[str, Any]
     children: list[dict[str, Any]] = field(default_factory=list)
     secrets_to_create: list[dict[str, Any]] = field(default_factory=list)
-    pod_labels: dict[str, dict[str, str]] = field(default_factory=dict)  # pod name -> labels to set
     events: list[EventNote] = field(default_factory=list)
     apply: bool = True  # False: leave the children exactly as they are (pods are still labelled)
+    operations: Operations = field(default_factory=Operations)  # inside the service: labels, actions
 
 
 def describe_validation_error(error: ValidationError) -> str:
@@ -100,7 +93,12 @@ def children_hash(children: list[dict[str, Any]]) -> str:
 
 
 def plan(
-    plugin: ServicePlugin, observed: Observed, catalog: Catalog, uid: str, force_apply: bool = False
+    plugin: ServicePlugin,
+    observed: Observed,
+    catalog: Catalog,
+    uid: str,
+    force_apply: bool = False,
+    now: float = 0.0,
 ) -> Plan:
     """What to do about one resource. Children are applied when what the templates render
     changed since the last apply (`status.childrenHash`), when the StatefulSet is missing, or
@@ -149,6 +147,10 @@ def plan(
         for child in render_children(plugin.service, context)
     ]
 
+    operations = plugin.operate(spec, observed, now)
+    if operations.status:  # what the plugin decided (a new primary) is what the status reads
+        merged = {**observed.status, **operations.status}
+        observed = replace(observed, status={k: v for k, v in merged.items() if v is not None})
     reading = plugin.read_status(spec, version, observed)
     rendered = children_hash(children)
     status = _status(observed, version, reading)
@@ -159,8 +161,8 @@ def plan(
         apply=force_apply or not unchanged,
         children=children,
         secrets_to_create=secrets_to_create,
-        pod_labels=plugin.pod_labels(spec, observed),
-        events=_transition_events(observed, version, reading),
+        events=_transition_events(observed, version, reading) + operations.events,
+        operations=operations,
     )
 
 

@@ -7,18 +7,21 @@ source "$(dirname "$0")/lib.sh"
 GO_LDFLAGS_BASE="-s -w"
 
 # build_once OUT_DIR GOMOD_DIR LDFLAGS PACKAGE...
+#   PREPARE: a command run first, only when building; GO_MODFILE: a `go build -modfile`;
+#   RECIPE_EXTRA: another file whose change means a rebuild
 build_once() {
   local out=$1 moddir=$2 ldflags=$3
   shift 3
   local stamp
-  stamp=$(recipe_hash "$moddir/go.mod" "$moddir/go.sum" "$TESTBED_SRC/build-bins.sh")
+  stamp=$(recipe_hash "$moddir/go.mod" "$moddir/go.sum" "$TESTBED_SRC/build-bins.sh" ${RECIPE_EXTRA:+"$RECIPE_EXTRA"})
   if [[ -f $out/.stamp && $(cat "$out/.stamp") == "$stamp" ]]; then
     return 0
   fi
   log "building $(basename "$out") (minutes when Go's build cache is cold)"
   mkdir -p "$out"
   local started=$SECONDS
-  (cd "$moddir" && go build -trimpath -ldflags "$ldflags" -o "$out/" "$@")
+  [[ -z ${PREPARE:-} ]] || $PREPARE
+  (cd "$moddir" && go build -trimpath ${GO_MODFILE:+-modfile "$GO_MODFILE"} -ldflags "$ldflags" -o "$out/" "$@")
   echo "$stamp" >"$out/.stamp"
   log "built $(basename "$out") in $((SECONDS - started))s"
 }
@@ -40,7 +43,23 @@ build_once "$KUBE_BIN" "$TESTBED_SRC/gomod/kube" "$kube_ldflags" \
 
 # Static: the binary goes alone into its container image.
 CGO_ENABLED=0 build_once "$COREDNS_BIN" "$TESTBED_SRC/gomod/coredns" "$GO_LDFLAGS_BASE" github.com/coredns/coredns
-CGO_ENABLED=0 build_once "$KWOK_BIN" "$TESTBED_SRC/gomod/kwok" \
+# kwok with one fix of ours (gomod/kwok/uid_precondition.py): its module, patched, replaces
+# the original through a go.mod of its own (the wrapper's go.sum still checks the rest).
+KWOK_PATCHED=$CACHE/kwok-patched
+patch_kwok() {
+  local original
+  original=$(cd "$TESTBED_SRC/gomod/kwok" && go mod download -json sigs.k8s.io/kwok |
+    python3 -c 'import json, sys; print(json.load(sys.stdin)["Dir"])')
+  rm -rf "$KWOK_PATCHED"
+  mkdir -p "$KWOK_PATCHED"
+  cp -r "$original" "$KWOK_PATCHED/kwok"
+  chmod -R u+w "$KWOK_PATCHED/kwok"
+  python3 "$TESTBED_SRC/gomod/kwok/uid_precondition.py" "$KWOK_PATCHED/kwok/pkg/kwok/controllers/pod_controller.go"
+  cp "$TESTBED_SRC/gomod/kwok/go.mod" "$TESTBED_SRC/gomod/kwok/go.sum" "$KWOK_PATCHED/"
+  go mod edit -replace "sigs.k8s.io/kwok=$KWOK_PATCHED/kwok" "$KWOK_PATCHED/go.mod"
+}
+PREPARE=patch_kwok GO_MODFILE=$KWOK_PATCHED/go.mod RECIPE_EXTRA=$TESTBED_SRC/gomod/kwok/uid_precondition.py \
+  CGO_ENABLED=0 build_once "$KWOK_BIN" "$TESTBED_SRC/gomod/kwok" \
   "$GO_LDFLAGS_BASE -X sigs.k8s.io/kwok/pkg/consts.Version=v$KWOK_VERSION" sigs.k8s.io/kwok/cmd/kwok
 
 CGO_ENABLED=0 build_once "$HELM_BIN" "$TESTBED_SRC/gomod/helm" \

@@ -15,9 +15,7 @@ import asyncio
 import sys
 import time
 import uuid
-from collections.abc import Awaitable
 from datetime import UTC, datetime
-from typing import Any
 
 from lightkube import AsyncClient, KubeConfig, codecs
 from lightkube.models.meta_v1 import ObjectMeta
@@ -28,6 +26,7 @@ from lightkube.types import PatchType
 from e2e.kube import client, delete_namespace, kubeconfig_path
 from e2e.manifests import ON_KWOK
 from e2e.operator_process import OperatorProcess
+from framework.api import bounded
 from framework.catalog import Catalog
 from framework.cli import DEFAULT_CATALOG
 from framework.operator import resource_class
@@ -46,17 +45,6 @@ SPEC = {
     "storage": {"size": "1Gi"},
     "podTemplate": ON_KWOK,
 }
-
-
-async def bounded(calls: list[Awaitable[Any]], at_once: int = 16) -> None:
-    """Runs `calls` with at most `at_once` in flight (what a parallel `kubectl apply` does)."""
-    gate = asyncio.Semaphore(at_once)
-
-    async def one(call: Awaitable[Any]) -> None:
-        async with gate:
-            await call
-
-    await asyncio.gather(*(one(call) for call in calls))
 
 
 async def plain_apply(api: AsyncClient, namespace: str, count: int) -> float:

@@ -2,13 +2,39 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
+from dataclasses import dataclass, replace
 from typing import Any
 
+from lightkube import AsyncClient
+from lightkube.core.exceptions import ApiError
+from lightkube.resources.core_v1 import Pod
+
 from framework.catalog import ResolvedVersion
-from framework.plugin import GeneratedSecret, Observed, ServicePlugin, ServiceStatus
+from framework.plugin import (
+    EventNote,
+    GeneratedSecret,
+    Inspection,
+    Observed,
+    Operations,
+    ServicePlugin,
+    ServiceStatus,
+)
 from framework.quantity import parse_quantity
+from services.postgres import commands as postgres_commands
+from services.postgres.instances import Servers, incarnation, members_of, pod_ip, rw_endpoints
+from services.postgres.primary import (
+    Action,
+    Facts,
+    PrimaryInput,
+    Promote,
+    Repoint,
+    RestartPod,
+    ordinal,
+    plan_primary,
+)
 from services.postgres.spec import PostgresSpec
 
 ROLE_LABEL = "statefleet.dev/role"
@@ -28,6 +54,20 @@ def current_primary(name: str, observed: Observed) -> str:
     return observed.status.get("currentPrimary") or f"{name}-0"
 
 
+@dataclass(frozen=True)
+class ServerFacts:
+    """An inspection's findings (`Inspection.facts`)."""
+
+    servers: dict[str, Facts | None]  # by pod; None: did not answer
+    incarnations: dict[str, str]  # by pod: the life of the pod each answer is from
+    rw_endpoints: frozenset[str]
+    not_streaming_since: dict[str, float]  # standbys not streaming, since (monotonic)
+    silent_since: dict[str, float]  # servers not answering, since (monotonic)
+
+
+SERVERS = Servers(SUPERUSER.name("{name}"))
+
+
 def major(version: str) -> str:
     return version.split(".", 1)[0]
 
@@ -45,6 +85,7 @@ class PostgresPlugin(ServicePlugin):
     service = "postgres"
     spec_model = PostgresSpec
     generated_secrets = (SUPERUSER, REPLICATION)
+    commands = postgres_commands
     # The StatefulSet is left to a StatefulsetRollout: replicas first, the primary last.
     child_kinds = ("ConfigMap", "Service", "PodDisruptionBudget", "StatefulsetRollout")
 
@@ -85,9 +126,20 @@ class PostgresPlugin(ServicePlugin):
         self, spec: PostgresSpec, version: ResolvedVersion, observed: Observed
     ) -> dict[str, Any]:
         existing = claim_template(observed)
-        configuration = {"parameters": spec.parameters, "pg_hba": spec.pg_hba, "version": version.version}
+        configuration = {
+            "parameters": spec.parameters,
+            "pg_hba": spec.pg_hba,
+            "version": version.version,
+            "synchronous": spec.synchronous.number if spec.synchronous else 0,
+        }
+        # Never fewer pods than the primary's ordinal needs: scaling down takes the highest
+        # ordinals, so a primary among them is switched over first (see primary.py).
+        keep = [current_primary(observed.name, observed), observed.status.get("targetPrimary")]
+        replicas = max([spec.instances] + [ordinal(pod) + 1 for pod in keep if pod])
         return {
-            "primary": current_primary(observed.name, observed),
+            "replicas": replicas,
+            "bootstrap_primary": f"{observed.name}-0",
+            "cluster_state": "initialized" if observed.status.get("initialized") else "new",
             "superuser_secret": SUPERUSER.name(observed.name),
             "replication_secret": REPLICATION.name(observed.name),
             "replication_user": REPLICATION.fixed["username"],
@@ -103,14 +155,104 @@ class PostgresPlugin(ServicePlugin):
             else spec.storage.storage_class,
         }
 
-    def pod_labels(self, spec: PostgresSpec, observed: Observed) -> dict[str, dict[str, str]]:
-        primary = current_primary(observed.name, observed)
-        return {
-            pod["metadata"]["name"]: {
-                ROLE_LABEL: "primary" if pod["metadata"]["name"] == primary else "replica"
-            }
-            for pod in observed.pods
+    def operate(self, spec: PostgresSpec, observed: Observed, now: float) -> Operations:
+        inspection = observed.inspection
+        found = inspection.facts if inspection else ServerFacts({}, {}, frozenset(), {}, {})
+        members = {
+            pod: replace(
+                member,
+                not_streaming_since=found.not_streaming_since.get(pod),
+                silent_since=found.silent_since.get(pod) if member.probed_at else None,
+            )
+            for pod, member in members_of(
+                observed, found.servers, found.incarnations, inspection.at if inspection else 0.0
+            ).items()
         }
+        switchover = spec.switchover
+        planned = plan_primary(
+            PrimaryInput(
+                name=observed.name,
+                instances=spec.instances,
+                status=observed.status,
+                members=members,
+                rw_endpoints=found.rw_endpoints,
+                now=now,
+                monotonic=observed.clock,
+                synchronous=spec.synchronous.number if spec.synchronous else 0,
+                switchover_to=switchover.to if switchover else None,
+                switchover_request=f"{switchover.to}@{switchover.requested_at or ''}" if switchover else None,
+            )
+        )
+        primary = members.get(planned.primary)
+        status: dict[str, Any] = {
+            # Once a primary has answered, an instance without data never creates a cluster.
+            "initialized": observed.status.get("initialized") or bool(primary and primary.answers_as_primary),
+            "currentPrimary": planned.primary,
+            "targetPrimary": planned.target,
+            "failover": planned.failover,
+        }
+        if planned.switchover_done:
+            status["switchover"] = {"served": planned.switchover_done}
+        return Operations(
+            pod_labels={pod: {ROLE_LABEL: role} for pod, role in planned.labels.items()},
+            actions=planned.actions,
+            status=status,
+            events=[EventNote(*event) for event in planned.events],
+            inspect_in=planned.probe_again,
+        )
+
+    async def inspect(
+        self, client: AsyncClient, observed: Observed, previous: Inspection | None
+    ) -> Inspection | None:
+        addressed = {pod["metadata"]["name"]: pod_ip(pod) for pod in observed.pods}
+        probes = {pod: SERVERS.probe(client, observed, ip) for pod, ip in addressed.items() if ip is not None}
+        answers = dict(zip(probes, await asyncio.gather(*probes.values()), strict=True))
+        at = asyncio.get_running_loop().time()  # the answers are at most a probe's timeout older
+        servers: dict[str, Facts | None] = {pod: answers.get(pod) for pod in addressed}
+        lives = {pod["metadata"]["name"]: incarnation(pod) for pod in observed.pods}
+
+        def since(earlier: dict[str, float], pod: str) -> float:
+            """When a condition seen now began: carried over within the same life of the pod."""
+            same_life = previous is not None and previous.facts.incarnations.get(pod) == lives[pod]
+            return earlier.get(pod, at) if same_life else at
+
+        before = previous.facts if previous else None
+        not_streaming = {
+            pod: since(before.not_streaming_since if before else {}, pod)
+            for pod, facts in servers.items()
+            if facts is not None and facts.in_recovery and not facts.streaming
+        }
+        silent = {
+            pod: since(before.silent_since if before else {}, pod)
+            for pod, facts in servers.items()
+            if facts is None
+        }
+        changing = bool(observed.status.get("targetPrimary"))
+        endpoints = await rw_endpoints(client, observed.namespace, observed.name) if changing else frozenset()
+        return Inspection(
+            at=at,
+            facts=ServerFacts(servers, lives, endpoints, not_streaming, silent),
+            answered=any(facts is not None for facts in servers.values()),
+        )
+
+    async def perform(self, client: AsyncClient, observed: Observed, action: Action) -> None:
+        ips = {pod["metadata"]["name"]: pod_ip(pod) for pod in observed.pods}
+        if isinstance(action, Promote):
+            ip = ips.get(action.pod)
+            if ip is None:
+                raise RuntimeError(f"cannot promote {action.pod}: its pod has no IP")
+            await SERVERS.promote(client, observed, ip)
+        elif isinstance(action, RestartPod):
+            try:
+                await client.delete(Pod, action.pod, namespace=observed.namespace)
+            except ApiError as error:
+                if error.status.code != 404:
+                    raise
+        elif isinstance(action, Repoint):
+            host = f"{action.primary}.{observed.name}.{observed.namespace}.svc"  # follows the pod's IP
+            await asyncio.gather(
+                *(SERVERS.repoint(client, observed, ips[p], host) for p in action.pods if ips.get(p))
+            )
 
     def read_status(self, spec: PostgresSpec, version: ResolvedVersion, observed: Observed) -> ServiceStatus:
         primary = current_primary(observed.name, observed)
@@ -143,7 +285,28 @@ class PostgresPlugin(ServicePlugin):
 
     def status_properties(self) -> dict[str, Any]:
         return {
-            "currentPrimary": {"type": "string"},
+            "currentPrimary": {"type": "string", "description": "the pod <name>-rw sends clients to"},
+            "targetPrimary": {"type": "string", "description": "set while a failover or switchover runs"},
+            "initialized": {"type": "boolean", "description": "a primary has answered once"},
+            "failover": {
+                "type": "object",
+                "description": "the failover or switchover under way, or the last one",
+                "properties": {
+                    "kind": {"type": "string"},
+                    "from": {"type": "string"},
+                    "to": {"type": "string"},
+                    "reason": {"type": "string"},
+                    "startedAt": {"type": "string"},
+                    "startedAtSeconds": {"type": "number"},
+                    "completedAt": {"type": "string"},
+                    "seconds": {"type": "number"},
+                    "waiting": {"type": "string"},
+                },
+            },
+            "switchover": {
+                "type": "object",
+                "properties": {"served": {"type": "string", "description": "the last request served"}},
+            },
             "superuserSecret": {"type": "string"},
             "endpoints": {
                 "type": "object",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import Field, field_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from framework.spec import ApiModel, DeletionPolicy, PodTemplateOverrides, ResourcesSpec, StorageSpec
 
@@ -18,12 +18,42 @@ MANAGED_PARAMETERS = frozenset(
         "hot_standby",
         "primary_conninfo",
         "primary_slot_name",
+        "synchronous_standby_names",
+        "wal_log_hints",
+        "recovery_target_timeline",
         "unix_socket_directories",
     }
 )
 
 
+class SynchronousSpec(ApiModel):
+    number: int = Field(
+        ge=1,
+        le=8,
+        description="Standbys that must have a commit before it is acknowledged (ANY n): no "
+        "acknowledged commit is lost in a failover while that many standbys answer.",
+    )
+
+
+class SwitchoverSpec(ApiModel):
+    to: str = Field(description="The standby's pod to make the primary, e.g. demo-1.")
+    requested_at: str | None = Field(
+        default=None,
+        description="When it was asked for (`statefleet pg promote` sets it): a new value asks again.",
+    )
+
+
 class PostgresSpec(ApiModel):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "!has(self.synchronous) || self.synchronous.number < self.instances",
+                    "message": "synchronous.number must be below instances (it counts standbys)",
+                }
+            ]
+        },
+    )
     version: str | None = Field(
         default=None,
         description="PostgreSQL major version, from the version catalog (its default when empty).",
@@ -35,6 +65,7 @@ class PostgresSpec(ApiModel):
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
     parameters: dict[str, str] = Field(
         default_factory=dict,
+        max_length=200,  # a bound the API server's CEL cost estimate needs
         description="postgresql.conf parameters, e.g. {max_connections: '200'}.",
         json_schema_extra={
             "x-kubernetes-validations": [
@@ -49,10 +80,25 @@ class PostgresSpec(ApiModel):
     pg_hba: list[str] = Field(
         default_factory=list, description="Extra pg_hba.conf lines, placed before the operator's own."
     )
+    synchronous: SynchronousSpec | None = Field(
+        default=None, description="Synchronous replication; asynchronous when absent."
+    )
+    switchover: SwitchoverSpec | None = Field(
+        default=None, description="Make another instance the primary, once per request."
+    )
     pod_template: PodTemplateOverrides = Field(default_factory=PodTemplateOverrides)
     deletion_policy: DeletionPolicy = Field(
         default=DeletionPolicy.RETAIN, description="What happens to the volumes when the Postgres is deleted."
     )
+
+    @model_validator(mode="after")
+    def enough_standbys(self) -> PostgresSpec:
+        if self.synchronous and self.synchronous.number > self.instances - 1:
+            raise ValueError(
+                f"synchronous.number: {self.synchronous.number} synchronous standbys need at least "
+                f"{self.synchronous.number + 1} instances, not {self.instances}"
+            )
+        return self
 
     @field_validator("parameters")
     @classmethod

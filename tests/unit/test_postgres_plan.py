@@ -1,6 +1,7 @@
 """The Postgres plugin through the framework's pure plan: what a reconcile would do."""
 
 import base64
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -213,7 +214,7 @@ def test_status_roles_and_a_second_pass_change_nothing() -> None:
     spec = {"instances": 3, "storage": {"size": "1Gi"}}
     pods = [ready_pod("demo-0"), ready_pod("demo-1")]
     first = plan(PLUGIN, observed(spec, pods=pods), CATALOG, "uid")
-    assert first.pod_labels == {
+    assert first.operations.pod_labels == {
         "demo-0": {"statefleet.dev/role": "primary"},
         "demo-1": {"statefleet.dev/role": "replica"},
     }
@@ -275,3 +276,47 @@ def test_children_are_reapplied_only_when_they_would_change() -> None:
     assert plan(PLUGIN, observed(spec, status=first.status), CATALOG, "uid").apply  # StatefulSet gone
     changed = {**spec, "parameters": {"work_mem": "64MB"}}
     assert plan(PLUGIN, observed(changed, status=first.status, statefulset=sts), CATALOG, "uid").apply
+
+
+def rendered(spec: dict[str, Any], status: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    planned = plan(PLUGIN, observed({"storage": {"size": "1Gi"}, **spec}, status=status), CATALOG, "uid")
+    return {child["kind"]: child for child in planned.children}
+
+
+def test_scaling_down_keeps_the_primary_pod_until_it_moved() -> None:
+    children = rendered({"instances": 2}, {"currentPrimary": "demo-2"})
+    assert children["StatefulsetRollout"]["spec"]["statefulSet"]["replicas"] == 3
+    children = rendered({"instances": 2}, {"currentPrimary": "demo-0"})
+    assert children["StatefulsetRollout"]["spec"]["statefulSet"]["replicas"] == 2
+
+
+def test_synchronous_replication_and_the_start_script() -> None:
+    children = rendered({"instances": 3, "synchronous": {"number": 1}}, {"initialized": True})
+    config = children["ConfigMap"]["data"]
+    assert "synchronous_standby_names = 'ANY 1 (*)'" in config["postgresql.conf"]
+    assert "wal_log_hints = on" in config["postgresql.conf"]
+    # Once a primary answered, no instance may create a cluster again.
+    assert config["cluster-state"] == "initialized"
+    assert rendered({}, {})["ConfigMap"]["data"]["cluster-state"] == "new"
+    container = children["StatefulsetRollout"]["spec"]["statefulSet"]["template"]["spec"]["containers"][0]
+    assert container["command"] == ["bash", "/etc/statefleet/start.sh"]
+    checked = subprocess.run(
+        ["shellcheck", "-s", "bash", "-"],
+        input=config["start.sh"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert checked.returncode == 0, checked.stdout
+
+
+def test_a_synchronous_count_without_enough_standbys_is_invalid_naming_the_field() -> None:
+    planned = plan(
+        PLUGIN,
+        observed({"instances": 2, "storage": {"size": "1Gi"}, "synchronous": {"number": 2}}),
+        CATALOG,
+        "uid",
+    )
+    ready = next(c for c in planned.status["conditions"] if c["type"] == "Ready")
+    assert ready["reason"] == "InvalidSpec"
+    assert "synchronous.number: 2 synchronous standbys need at least 3 instances" in ready["message"]

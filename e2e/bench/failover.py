@@ -1,0 +1,179 @@
+"""Benchmark: how long writes stop, and what is lost, when a Postgres primary fails.
+
+A writer commits numbered rows through `<name>-rw` (reconnecting as a client would) while,
+run after run, the primary's server is killed (`kill -9` on the node) or its pod deleted
+(no grace period), then a switchover is asked for. For each, the write pause: from the
+kill (or the request) to the first commit acknowledged afterwards; and the acknowledged
+commits missing from the table once the cluster is whole again. Asynchronous, then
+synchronous replication (`synchronous: {number: 1}`).
+
+    .venv/bin/python -m e2e.bench.failover [--runs 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+from lightkube import Client
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.core_v1 import Namespace, Pod
+
+from e2e import node
+from e2e.kube import client, delete_namespace, wait_until
+from e2e.operator_process import OperatorProcess
+from e2e.test_postgres import Postgres, connect, create, patch_spec, query, wait_ready
+
+
+class Writer:
+    """Commits 1, 2, 3 ... one row per transaction; remembers when each was acknowledged."""
+
+    def __init__(self, kube: Client, namespace: str) -> None:
+        self.kube, self.namespace = kube, namespace
+        self.acknowledged: list[tuple[int, float]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+
+    def first_after(self, moment: float) -> float | None:
+        return next((at for _, at in self.acknowledged if at > moment), None)
+
+    def _run(self) -> None:
+        value = 1
+        while not self._stop.is_set():
+            try:
+                with connect(self.kube, self.namespace, "demo-rw", "demo-superuser") as conn:
+                    conn.execute("set statement_timeout = '5s'")
+                    while not self._stop.is_set():
+                        conn.execute("insert into ticks values (%s)", (value,))
+                        self.acknowledged.append((value, time.monotonic()))
+                        value += 1
+            except psycopg.Error:
+                time.sleep(0.05)  # a client's quick retry
+
+
+def healthy(kube: Client, namespace: str) -> None:
+    wait_ready(kube, namespace, "demo", 3, timeout=300)
+    wait_until(
+        "two standbys streaming",
+        lambda: (
+            query(
+                kube,
+                namespace,
+                "demo-rw",
+                "select count(*) from pg_stat_replication where state = 'streaming'",
+            )
+            == 2
+        ),
+        timeout=300,
+        interval=1,
+    )
+
+
+def primary_pod(kube: Client, namespace: str) -> Any:
+    name = kube.get(Postgres, "demo", namespace=namespace).to_dict()["status"]["currentPrimary"]
+    return kube.get(Pod, name, namespace=namespace)
+
+
+def measure(
+    kube: Client, namespace: str, writer: Writer, runs: int, disrupt: Callable[[], None]
+) -> tuple[list[float], int]:
+    pauses, lost = [], 0
+    for _ in range(runs):
+        healthy(kube, namespace)
+        time.sleep(2)  # the writer is in its stride
+        moment = time.monotonic()
+        disrupt()
+        resumed = wait_until(
+            "a commit after the failure", lambda moment=moment: writer.first_after(moment), 120, interval=0.1
+        )
+        pauses.append(resumed - moment)
+        healthy(kube, namespace)
+        acknowledged = {value for value, at in writer.acknowledged if at < resumed}
+        present = {row[0] for row in rows(kube, namespace)}
+        lost += len(acknowledged - present)
+    return pauses, lost
+
+
+def rows(kube: Client, namespace: str) -> list[tuple[int]]:
+    with connect(kube, namespace, "demo-rw", "demo-superuser") as conn:
+        return conn.execute("select value from ticks").fetchall()
+
+
+def report(label: str, pauses: list[float], lost: int) -> None:
+    print(
+        f"  {label}: write pause median {statistics.median(pauses):.1f} s, max {max(pauses):.1f} s "
+        f"over {len(pauses)} runs; acknowledged commits lost: {lost}"
+    )
+
+
+def scenario(kube: Client, namespace: str, runs: int, spec: dict[str, Any]) -> None:
+    create(kube, namespace, "demo", {"version": "15", "instances": 3, "storage": {"size": "1Gi"}, **spec})
+    healthy(kube, namespace)
+    with connect(kube, namespace, "demo-rw", "demo-superuser") as conn:
+        conn.execute("create table ticks(value bigint primary key)")
+    writer = Writer(kube, namespace)
+    writer.start()
+    try:
+
+        def kill_server() -> None:
+            node.kill_server(primary_pod(kube, namespace).metadata.uid)
+
+        def delete_pod() -> None:
+            kube.delete(Pod, primary_pod(kube, namespace).metadata.name, namespace=namespace, grace_period=0)
+
+        requests = iter(range(1, 10_000))
+
+        def switchover() -> None:
+            current = primary_pod(kube, namespace).metadata.name
+            target = next(f"demo-{i}" for i in range(3) if f"demo-{i}" != current)
+            patch_spec(
+                kube, namespace, "demo", {"switchover": {"to": target, "requestedAt": str(next(requests))}}
+            )
+
+        report("kill -9 of the primary's server", *measure(kube, namespace, writer, runs, kill_server))
+        report("primary pod deleted (no grace)", *measure(kube, namespace, writer, runs, delete_pod))
+        report("switchover", *measure(kube, namespace, writer, runs, switchover))
+    finally:
+        writer.stop()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=10)
+    args = parser.parse_args()
+    sys.stdout.reconfigure(line_buffering=True)
+    kube = client()
+    operator = OperatorProcess.start(namespaces="bench-failover-*", log_name="operator-bench-failover.log")
+    try:
+        for label, spec in (
+            ("asynchronous", {}),
+            ("synchronous (number: 1)", {"synchronous": {"number": 1}}),
+        ):
+            namespace = f"bench-failover-{uuid.uuid4().hex[:5]}"
+            kube.create(Namespace(metadata=ObjectMeta(name=namespace)))
+            print(f"3 instances, {label} replication, a writer committing one row per transaction:")
+            try:
+                scenario(kube, namespace, args.runs, spec)
+            finally:
+                delete_namespace(kube, namespace, wait=300)
+    finally:
+        operator.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,73 @@
+"""The test bed's real node, seen from the host: the processes of a pod's containers, to kill
+or freeze them as a failing machine would (the tests run as root on that node)."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+
+def _cgroups(pid: int) -> dict[str, str]:
+    """controller -> path, from /proc/PID/cgroup (v1 lines look like `4:freezer:/kubepods/...`)."""
+    found = {}
+    try:
+        for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+            _, controllers, path = line.split(":", 2)
+            for controller in controllers.split(",") or [""]:
+                found[controller] = path
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        pass
+    return found
+
+
+def _command(pid: int) -> list[str]:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return []
+
+
+def pod_processes(pod_uid: str) -> list[int]:
+    """Every process in the pod's containers (the pause container included)."""
+    marker = f"pod{pod_uid}"
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and any(marker in path for path in _cgroups(int(entry)).values()):
+            pids.append(int(entry))
+    return sorted(pids)
+
+
+def postmaster(pod_uid: str) -> int:
+    """The pod's PostgreSQL server process (the one whose parent is not a postgres too)."""
+    pids = pod_processes(pod_uid)
+    servers = [pid for pid in pids if _command(pid)[:1] == ["postgres"]]
+    for pid in servers:
+        parent = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        if parent not in servers:
+            return pid
+    raise LookupError(f"no postgres server in pod {pod_uid} (processes: {pids})")
+
+
+def kill_server(pod_uid: str) -> int:
+    pid = postmaster(pod_uid)
+    os.kill(pid, signal.SIGKILL)
+    return pid
+
+
+def freezer(pod_uid: str) -> Path:
+    """The cgroup v1 freezer of the pod's PostgreSQL container."""
+    path = _cgroups(postmaster(pod_uid)).get("freezer")
+    if not path:
+        raise LookupError("this node has no cgroup v1 freezer")
+    return Path("/sys/fs/cgroup/freezer") / path.lstrip("/") / "freezer.state"
+
+
+def freeze(state_file: Path) -> None:
+    """Every process of the container stops where it is, as on a hung machine."""
+    state_file.write_text("FROZEN")
+
+
+def thaw(state_file: Path) -> None:
+    if state_file.exists():
+        state_file.write_text("THAWED")

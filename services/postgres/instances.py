@@ -1,0 +1,157 @@
+"""Talking to the PostgreSQL servers of one `Postgres`: probes, promotion, repointing.
+
+The operator reaches every server on its pod IP as the superuser (whose Secret it made). A
+server that does not answer within a second or two counts as not answering: a frozen
+server must not hold the operator up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import logging
+from typing import Any
+
+import psycopg
+from lightkube import AsyncClient
+from lightkube.resources.core_v1 import Secret
+from lightkube.resources.discovery_v1 import EndpointSlice
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from framework.plugin import Observed
+from services.postgres.primary import Facts, Member, parse_lsn
+
+log = logging.getLogger("statefleet")
+
+# Seconds a probe waits for a connection and an answer: the servers are on the pod network,
+# and a frozen one must not hold the operator up. (libpq's own connect_timeout is 2 s at least.)
+PROBE_TIMEOUT = 1.0
+PROBE = """
+select pg_is_in_recovery(),
+       case when pg_is_in_recovery()
+            then greatest(coalesce(pg_last_wal_receive_lsn(), '0/0'),
+                          coalesce(pg_last_wal_replay_lsn(), '0/0'))
+            else pg_current_wal_lsn() end::text,
+       case when pg_is_in_recovery()
+            then coalesce((select received_tli from pg_stat_wal_receiver),
+                          (select timeline_id from pg_control_checkpoint()))
+            else ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int end,
+       coalesce((select status = 'streaming' from pg_stat_wal_receiver), false)
+"""
+
+
+class Servers:
+    """The servers of the `Postgres` resources, reached with each one's superuser password
+    (read once: it is never regenerated)."""
+
+    def __init__(self, superuser_secret: str) -> None:
+        self.superuser_secret = superuser_secret  # the Secret's name with {name} in it
+        self._passwords: dict[tuple[str, str], str] = {}
+
+    async def password(self, client: AsyncClient, namespace: str, name: str) -> str:
+        key = (namespace, name)
+        if key not in self._passwords:
+            secret = await client.get(Secret, self.superuser_secret.format(name=name), namespace=namespace)
+            self._passwords[key] = base64.b64decode((secret.data or {})["password"]).decode()
+        return self._passwords[key]
+
+    def forget(self, namespace: str, name: str) -> None:
+        self._passwords.pop((namespace, name), None)
+
+    async def connect(self, client: AsyncClient, observed: Observed, ip: str) -> psycopg.AsyncConnection[Any]:
+        password = await self.password(client, observed.namespace, observed.name)
+        return await asyncio.wait_for(
+            psycopg.AsyncConnection.connect(
+                host=ip,
+                user="postgres",
+                password=password,
+                dbname="postgres",
+                connect_timeout=2,
+                autocommit=True,
+                options=f"-c statement_timeout={int(PROBE_TIMEOUT * 1000)}",
+            ),
+            PROBE_TIMEOUT,
+        )
+
+    async def probe(self, client: AsyncClient, observed: Observed, ip: str) -> Facts | None:
+        """The server's role and WAL position; None when it does not answer."""
+        try:
+            async with await self.connect(client, observed, ip) as connection:
+                row = await asyncio.wait_for((await connection.execute(PROBE)).fetchone(), PROBE_TIMEOUT)
+        except (OSError, TimeoutError, psycopg.Error):
+            return None
+        assert row is not None
+        in_recovery, lsn, timeline, streaming = row
+        return Facts(in_recovery=in_recovery, lsn=parse_lsn(lsn), timeline=int(timeline), streaming=streaming)
+
+    async def promote(self, client: AsyncClient, observed: Observed, ip: str) -> None:
+        async with await self.connect(client, observed, ip) as connection:
+            await connection.execute("set statement_timeout = 0")
+            if not (await (await connection.execute("select pg_is_in_recovery()")).fetchone() or [True])[0]:
+                return  # promoted by an earlier pass whose answer we have not seen yet
+            promoted = (
+                await (await connection.execute("select pg_promote(true, 30)")).fetchone() or [False]
+            )[0]
+        if not promoted:
+            raise RuntimeError(f"pg_promote on {ip} did not finish within 30 s")
+
+    async def repoint(self, client: AsyncClient, observed: Observed, ip: str, primary_host: str) -> None:
+        """The standby at `ip` streams from `primary_host` from now on: its primary_conninfo
+        changes and, reloaded, its WAL receiver restarts (even one stuck connecting)."""
+        try:
+            async with await self.connect(client, observed, ip) as connection:
+                row = await (
+                    await connection.execute("select current_setting('primary_conninfo')")
+                ).fetchone()
+                conninfo = {**conninfo_to_dict(row[0] if row else ""), "host": primary_host}
+                await connection.execute(
+                    sql.SQL("alter system set primary_conninfo = {}").format(
+                        sql.Literal(make_conninfo(**conninfo))
+                    )
+                )
+                await connection.execute("select pg_reload_conf()")
+        except (OSError, TimeoutError, psycopg.Error) as error:
+            log.info("could not repoint the standby at %s: %s", ip, error or type(error).__name__)
+
+
+def pod_ip(pod: dict[str, Any]) -> str | None:
+    return (pod.get("status") or {}).get("podIP")
+
+
+def incarnation(pod: dict[str, Any]) -> str:
+    """Which life of the pod's server: a new pod or a restarted container is another one."""
+    restarts = sum(c.get("restartCount", 0) for c in (pod.get("status") or {}).get("containerStatuses") or [])
+    return f"{pod['metadata'].get('uid')}/{restarts}"
+
+
+def members_of(
+    observed: Observed, facts: dict[str, Facts | None], probed: dict[str, str], probed_at: float
+) -> dict[str, Member]:
+    """Every pod, with what its server said at the probe made at `probed_at` (`probed`: the
+    incarnation each answer came from; an answer from an earlier one says nothing)."""
+    members = {}
+    for pod in observed.pods:
+        name = pod["metadata"]["name"]
+        conditions = (pod.get("status") or {}).get("conditions") or []
+        current = name in facts and probed.get(name) == incarnation(pod)
+        members[name] = Member(
+            pod=name,
+            ready=any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions),
+            terminating=bool(pod["metadata"].get("deletionTimestamp")),
+            facts=facts.get(name) if current else None,
+            probed_at=probed_at if current else 0.0,
+        )
+    return members
+
+
+async def rw_endpoints(client: AsyncClient, namespace: str, name: str) -> frozenset[str]:
+    """The pods `<name>-rw` sends connections to now (ready or not: kube-proxy may still have them)."""
+    pods = set()
+    async for slice_ in client.list(
+        EndpointSlice, namespace=namespace, labels={"kubernetes.io/service-name": f"{name}-rw"}
+    ):
+        for endpoint in slice_.endpoints or []:
+            if endpoint.targetRef is not None and endpoint.targetRef.name:
+                pods.add(endpoint.targetRef.name)
+    return frozenset(pods)

@@ -1,0 +1,393 @@
+"""Which instance is the primary, and what to do to keep exactly one: a pure function of what
+the pods and the servers last said.
+
+Every server starts as a standby of `<name>-rw` (see the start script in the ConfigMap);
+only the operator promotes. The `<name>-rw` Service selects the pod labelled
+`statefleet.dev/role=primary`, and the operator labels at most one pod so: during a failover
+or a switchover it takes the label away first, waits until the Service has no endpoint left,
+and only then promotes the chosen standby and labels it. Two primaries are never reachable
+through `<name>-rw`, and a server that was primary and comes back starts as a standby
+(rewound if it went further than the new primary), so it can never take writes again.
+
+State lives in the resource's status (`currentPrimary`, `targetPrimary`, `failover`), so an
+operator restarted in the middle of a failover continues it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+PRIMARY, REPLICA = "primary", "replica"
+# A standby that has not streamed for this long while the primary is healthy has diverged (or
+# lost its WAL): its pod is restarted, and the start script rewinds or re-clones it.
+REJOIN_AFTER = 30.0
+FRESH = 3.0  # seconds: a probe older than this does not decide whether the primary is down
+# A server whose pod looks ready but that has not answered for this long is down: a frozen
+# machine or container keeps its pod Ready (the kubelet's probes hang with it).
+SILENT_LIMIT = 3.0
+HEARTBEAT = 2.0  # seconds between probes of a cluster with standbys, to notice that
+
+
+@dataclass(frozen=True)
+class Facts:
+    """One probe of one server."""
+
+    in_recovery: bool
+    lsn: int  # a primary's write position; a standby's received or replayed, whichever is further
+    timeline: int
+    streaming: bool = False  # a standby's WAL receiver is streaming
+
+
+@dataclass(frozen=True)
+class Member:
+    """One instance: its pod as the API shows it, and its server as the last probe found it."""
+
+    pod: str
+    exists: bool = True
+    ready: bool = False
+    terminating: bool = False
+    facts: Facts | None = None  # None: not answering at the last probe (or not probed yet)
+    probed_at: float = 0.0  # monotonic time of the last probe, 0 = never
+    not_streaming_since: float | None = None
+    silent_since: float | None = None  # not answering since (monotonic), None while it answers
+
+    @property
+    def answers_as_primary(self) -> bool:
+        return self.facts is not None and not self.facts.in_recovery
+
+    @property
+    def standby(self) -> bool:
+        return self.facts is not None and self.facts.in_recovery
+
+
+@dataclass(frozen=True)
+class Promote:
+    pod: str
+
+
+@dataclass(frozen=True)
+class RestartPod:
+    """Delete the pod: its server stops (fast shutdown, which sends the last WAL to the
+    standbys) and the StatefulSet brings it back as a standby."""
+
+    pod: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Repoint:
+    """Make standbys stream from `primary` now (a receiver that was connecting to a frozen
+    server would otherwise wait for ever)."""
+
+    pods: tuple[str, ...]
+    primary: str
+
+
+Action = Promote | RestartPod | Repoint
+
+
+@dataclass
+class PrimaryPlan:
+    primary: str  # status.currentPrimary
+    target: str | None  # status.targetPrimary: a change in progress
+    labels: dict[str, str]  # pod -> role
+    actions: list[Action] = field(default_factory=list)
+    events: list[tuple[str, str, str]] = field(default_factory=list)  # (type, reason, message)
+    failover: dict[str, Any] | None = None  # status.failover: the change in progress, or the last one
+    switchover_done: str | None = None  # the switchover request now served (status.switchover.served)
+    probe_again: float | None = None  # seconds until a fresh probe is needed
+
+
+@dataclass(frozen=True)
+class PrimaryInput:
+    name: str
+    instances: int
+    status: dict[str, Any]
+    members: dict[str, Member]  # by pod name, every pod of the StatefulSet
+    rw_endpoints: frozenset[str]  # pods behind `<name>-rw` right now
+    now: float  # wall-clock seconds (recorded in status)
+    monotonic: float  # the probes' clock
+    synchronous: int = 0  # synchronous standbys a commit waits for
+    switchover_to: str | None = None
+    switchover_request: str | None = None  # identifies one request (served once)
+
+
+def ordinal(pod: str) -> int:
+    return int(pod.rsplit("-", 1)[1])
+
+
+def down(member: Member | None, monotonic: float) -> str | None:
+    """Why the primary cannot serve, or None when it can."""
+    if member is None or not member.exists:
+        return "its pod is gone"
+    if member.terminating:
+        return "its pod is being deleted"
+    if member.facts is None and not member.ready:
+        return "its server does not answer and its pod is not ready"
+    if (
+        member.facts is None
+        and member.silent_since is not None
+        and monotonic - member.silent_since >= SILENT_LIMIT
+    ):
+        return f"its server has not answered for {monotonic - member.silent_since:.0f} s"
+    return None
+
+
+def most_advanced(members: list[Member]) -> Member | None:
+    """The standby with the most WAL (the lowest ordinal among equals)."""
+    ready = [m for m in members if m.standby and m.ready and not m.terminating]
+    if not ready:
+        return None
+    return max(ready, key=lambda m: (m.facts.lsn if m.facts else 0, -ordinal(m.pod)))
+
+
+def plan_primary(observed: PrimaryInput) -> PrimaryPlan:
+    status = observed.status
+    primary = status.get("currentPrimary") or f"{observed.name}-0"
+    target = status.get("targetPrimary")
+    members = observed.members
+    everyone_replica = {pod: REPLICA for pod in members}
+
+    if target and target != primary:
+        return _finish_change(observed, primary, target, everyone_replica)
+
+    labels = {pod: (PRIMARY if pod == primary else REPLICA) for pod in members}
+    plan = PrimaryPlan(primary=primary, target=None, labels=labels, failover=status.get("failover"))
+    current = members.get(primary)
+    if (
+        current is not None
+        and current.exists
+        and not current.ready
+        and not current.terminating
+        and observed.monotonic - current.probed_at > FRESH
+    ):
+        plan.probe_again = 0.2  # its pod is not ready: what does its server say now?
+        return plan
+    why_down = down(current, observed.monotonic)
+
+    if why_down is None and current is not None and current.answers_as_primary:
+        _keep_healthy(observed, plan, current)
+        return plan
+
+    if why_down is None and current is not None and current.standby:
+        # The primary's server restarted and came back as a standby, as every server does.
+        others = [m for m in members.values() if m.pod != primary]
+        rival = next((m for m in others if m.answers_as_primary), None)
+        best = most_advanced(others)
+        if rival is None and (best is None or best.facts is None or current.facts.lsn >= best.facts.lsn):
+            plan.actions.append(Promote(primary))
+            plan.probe_again = 0.5
+            return plan
+        if rival is None and best is not None:
+            return _start_change(observed, plan, primary, best, "it restarted behind a standby", "Failover")
+        plan.probe_again = 1.0  # a rival primary: the keep-healthy branch fences it next time
+        return plan
+
+    if why_down is None:
+        plan.probe_again = 1.0  # not probed yet, or answering oddly: look again soon
+        return plan
+
+    # The primary is down.
+    if observed.instances == 1 or len(members) == 1:
+        plan.probe_again = 2.0
+        return plan
+    standbys = [m for m in members.values() if m.pod != primary]
+    fresh = [m for m in standbys if m.probed_at and observed.monotonic - m.probed_at < FRESH]
+    if len(fresh) < len(standbys):
+        plan.probe_again = 0.2  # decide on what the standbys say now
+        return plan
+    if observed.synchronous:
+        # A commit was acknowledged once `synchronous` standbys had it: only when enough of
+        # them answer is the most advanced sure to hold every acknowledged commit.
+        needed = len(standbys) - observed.synchronous + 1
+        answering = [m for m in standbys if m.standby]
+        if len(answering) < needed:
+            message = (
+                f"primary {primary} is down ({why_down}); waiting for {needed} standbys to answer before "
+                f"promoting one (synchronous commit: {len(answering)} answer)"
+            )
+            if (status.get("failover") or {}).get("waiting") != message:
+                plan.events.append(("Warning", "FailoverWaiting", message))
+                plan.failover = {**(status.get("failover") or {}), "waiting": message}
+            plan.probe_again = 1.0
+            return plan
+    best = most_advanced(standbys)
+    if best is None:
+        plan.probe_again = 1.0
+        return plan
+    # A pod taken down on purpose (a rollout's eviction, a delete) stops cleanly: its last WAL
+    # reaches the standbys before the new primary is promoted, as in a switchover.
+    kind = "Switchover" if current is not None and current.terminating else "Failover"
+    return _start_change(observed, plan, primary, best, why_down, kind)
+
+
+def _keep_healthy(observed: PrimaryInput, plan: PrimaryPlan, current: Member) -> None:
+    """The primary serves: fence any other server that answers as a primary, rejoin standbys
+    that stopped following, and serve a switchover request."""
+    primary = current.pod
+    for member in observed.members.values():
+        if member.pod == primary or member.terminating:
+            continue
+        if member.answers_as_primary:
+            plan.actions.append(RestartPod(member.pod, f"it answers as a primary beside {primary}"))
+            plan.events.append(
+                (
+                    "Warning",
+                    "Fenced",
+                    f"{member.pod} answered as a primary beside {primary}: restarted as a standby",
+                )
+            )
+        elif (
+            member.standby
+            and member.not_streaming_since is not None
+            and observed.monotonic - member.not_streaming_since > REJOIN_AFTER
+        ):
+            plan.actions.append(RestartPod(member.pod, "it stopped following the primary"))
+            plan.events.append(
+                (
+                    "Warning",
+                    "Rejoining",
+                    f"{member.pod} has not streamed from {primary} for {REJOIN_AFTER:.0f} s: restarted to "
+                    "rewind or re-clone it",
+                )
+            )
+    if ordinal(primary) >= observed.instances:
+        # Scaling down removes the highest ordinals: the primary moves first.
+        staying = most_advanced([m for m in observed.members.values() if ordinal(m.pod) < observed.instances])
+        if staying is not None:
+            why = f"scaling down to {observed.instances} instances removes {primary}"
+            _start_change(observed, plan, primary, staying, why, "Switchover")
+            return
+        plan.probe_again = 1.0
+        return
+    request = observed.switchover_request
+    served = (observed.status.get("switchover") or {}).get("served")
+    if observed.switchover_to and request and request != served:
+        wanted = observed.members.get(observed.switchover_to)
+        if observed.switchover_to == primary:
+            plan.switchover_done = request
+            plan.events.append(("Normal", "SwitchoverDone", f"{primary} is the primary already"))
+        elif wanted is not None and wanted.ready and wanted.facts is None:
+            pass  # not asked yet: the probe below says whether it is a standby
+        elif wanted is None or not (wanted.standby and wanted.ready):
+            plan.switchover_done = request
+            plan.events.append(
+                (
+                    "Warning",
+                    "SwitchoverRefused",
+                    f"spec.switchover.to: {observed.switchover_to} is not a ready standby of {observed.name}",
+                )
+            )
+        else:
+            plan.switchover_done = request
+            _start_change(observed, plan, primary, wanted, "switchover requested", "Switchover")
+            return
+    unknown = [m for m in observed.members.values() if m.ready and m.facts is None and not m.terminating]
+    if unknown:
+        plan.probe_again = 1.0  # a new, restarted or thawed server: what is it?
+    else:
+        plan.probe_again = HEARTBEAT if len(observed.members) > 1 else None
+
+
+def _start_change(
+    observed: PrimaryInput, plan: PrimaryPlan, primary: str, to: Member, why: str, kind: str
+) -> PrimaryPlan:
+    plan.target = to.pod
+    plan.labels = {pod: REPLICA for pod in observed.members}
+    plan.failover = {
+        "kind": kind,
+        "from": primary,
+        "to": to.pod,
+        "reason": why,
+        "startedAt": _iso(observed.now),
+        "startedAtSeconds": observed.now,
+    }
+    lsn = f" at LSN {format_lsn(to.facts.lsn)}" if to.facts else ""
+    plan.events.append(
+        (
+            "Warning" if kind == "Failover" else "Normal",
+            f"{kind}Started",
+            f"{primary} -> {to.pod}{lsn}: {why}",
+        )
+    )
+    plan.probe_again = 0.2
+    return plan
+
+
+def _finish_change(
+    observed: PrimaryInput, primary: str, target: str, everyone_replica: dict[str, str]
+) -> PrimaryPlan:
+    status = observed.status
+    change = dict(status.get("failover") or {})
+    plan = PrimaryPlan(primary=primary, target=target, labels=everyone_replica, failover=change)
+    chosen = observed.members.get(target)
+    old = observed.members.get(primary)
+    if observed.rw_endpoints:
+        plan.probe_again = 0.2  # the label is gone; wait until the Service lets go as well
+        return plan
+    if old is not None and old.answers_as_primary:
+        if change.get("kind") == "Failover" and not old.terminating and old.ready:
+            # It answers again before anything was promoted: nothing was lost, keep it.
+            plan.target = None
+            plan.labels = {pod: (PRIMARY if pod == primary else REPLICA) for pod in observed.members}
+            plan.failover = {**change, "cancelled": _iso(observed.now)}
+            plan.events.append(("Normal", "FailoverCancelled", f"{primary} answers again as the primary"))
+            plan.probe_again = 1.0
+            return plan
+        # A clean stop sends every last WAL record to the standbys before the server exits:
+        # the standby is promoted once the old primary no longer answers as one.
+        if not old.terminating:
+            plan.actions.append(
+                RestartPod(primary, "switchover: it stops so the new primary has all its WAL")
+            )
+        plan.probe_again = 0.3
+        return plan
+    if chosen is None or chosen.facts is None or chosen.terminating:
+        # The chosen standby went away too: choose again among those that answer.
+        others = [m for m in observed.members.values() if m.pod not in (primary, target)]
+        best = most_advanced(others)
+        if best is None:
+            plan.probe_again = 1.0
+            return plan
+        plan.target = best.pod
+        change["to"] = best.pod
+        plan.failover = change
+        plan.probe_again = 0.2
+        return plan
+    if chosen.standby:
+        plan.actions.append(Promote(target))
+        plan.probe_again = 0.2
+        return plan
+    # The chosen one answers as a primary: the change is done.
+    took = observed.now - float(change.get("startedAtSeconds", observed.now))
+    plan.primary, plan.target = target, None
+    plan.labels = {pod: (PRIMARY if pod == target else REPLICA) for pod in observed.members}
+    kind = change.get("kind", "Failover")
+    plan.failover = {
+        **{k: v for k, v in change.items() if k != "waiting"},
+        "completedAt": _iso(observed.now),
+        "seconds": round(took, 1),
+    }
+    plan.actions.append(Repoint(tuple(p for p in observed.members if p != target), target))
+    plan.events.append(
+        ("Normal", f"{kind}Completed", f"{target} is the primary (was {primary}) after {took:.1f} s")
+    )
+    plan.probe_again = 1.0
+    return plan
+
+
+def parse_lsn(text: str | None) -> int:
+    if not text:
+        return 0
+    high, low = text.split("/")
+    return (int(high, 16) << 32) + int(low, 16)
+
+
+def format_lsn(lsn: int) -> str:
+    return f"{lsn >> 32:X}/{lsn & 0xFFFFFFFF:X}"
+
+
+def _iso(seconds: float) -> str:
+    return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -1,0 +1,341 @@
+"""Choosing and changing the primary: every decision of `plan_primary` from observed state."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from services.postgres.primary import (
+    PRIMARY,
+    REJOIN_AFTER,
+    REPLICA,
+    SILENT_LIMIT,
+    Facts,
+    Member,
+    PrimaryInput,
+    Promote,
+    Repoint,
+    RestartPod,
+    format_lsn,
+    parse_lsn,
+    plan_primary,
+)
+
+pytestmark = pytest.mark.unit
+
+NOW = 1_800_000_000.0
+CLOCK = 5000.0
+
+
+def primary(lsn: int = 100, timeline: int = 1) -> Facts:
+    return Facts(in_recovery=False, lsn=lsn, timeline=timeline)
+
+
+def standby(lsn: int = 100, streaming: bool = True) -> Facts:
+    return Facts(in_recovery=True, lsn=lsn, timeline=1, streaming=streaming)
+
+
+def member(pod: str, facts: Facts | None, ready: bool = True, **extra: Any) -> Member:
+    return Member(pod=pod, ready=ready, facts=facts, probed_at=CLOCK - 0.5, **extra)
+
+
+def observe(*members: Member, status: dict[str, Any] | None = None, **extra: Any) -> PrimaryInput:
+    fields: dict[str, Any] = {
+        "name": "demo",
+        "instances": len(members),
+        "status": status if status is not None else {"currentPrimary": "demo-0"},
+        "members": {m.pod: m for m in members},
+        "rw_endpoints": frozenset(),
+        "now": NOW,
+        "monotonic": CLOCK,
+    }
+    fields.update(extra)
+    return PrimaryInput(**fields)
+
+
+def test_a_healthy_primary_keeps_the_label_and_nothing_is_done() -> None:
+    plan = plan_primary(observe(member("demo-0", primary()), member("demo-1", standby())))
+    assert plan.primary == "demo-0"
+    assert plan.target is None
+    assert plan.labels == {"demo-0": PRIMARY, "demo-1": REPLICA}
+    assert plan.actions == []
+    assert plan.events == []
+
+
+def test_a_new_cluster_labels_its_first_instance_before_any_probe() -> None:
+    plan = plan_primary(observe(Member("demo-0"), status={}))
+    assert plan.labels == {"demo-0": PRIMARY}
+    assert plan.probe_again is not None
+
+
+def test_a_second_server_answering_as_primary_is_fenced() -> None:
+    plan = plan_primary(observe(member("demo-0", primary()), member("demo-1", primary(lsn=90))))
+    assert plan.labels["demo-1"] == REPLICA
+    assert plan.actions == [RestartPod("demo-1", "it answers as a primary beside demo-0")]
+    assert [e[1] for e in plan.events] == ["Fenced"]
+
+
+def test_failover_goes_to_the_most_advanced_standby_and_takes_the_label_away_first() -> None:
+    plan = plan_primary(
+        observe(
+            member("demo-0", None, ready=False),
+            member("demo-1", standby(lsn=200)),
+            member("demo-2", standby(lsn=300)),
+        )
+    )
+    assert plan.target == "demo-2"
+    assert plan.primary == "demo-0"  # not yet: nothing is promoted before the Service lets go
+    assert set(plan.labels.values()) == {REPLICA}
+    assert plan.actions == []
+    assert plan.failover is not None
+    assert plan.failover["from"] == "demo-0"
+    assert plan.failover["to"] == "demo-2"
+    assert plan.events[0][:2] == ("Warning", "FailoverStarted")
+
+
+def test_a_primary_not_ready_is_probed_again_before_anything_is_decided() -> None:
+    stale = Member("demo-0", ready=False, facts=primary(), probed_at=CLOCK - 10)
+    plan = plan_primary(observe(stale, member("demo-1", standby())))
+    assert plan.target is None
+    assert plan.actions == []
+    assert plan.labels["demo-0"] == PRIMARY
+    assert plan.probe_again is not None
+    assert plan.probe_again <= 0.5
+
+
+def test_failover_waits_for_fresh_answers_from_every_standby() -> None:
+    old_probe = Member("demo-2", ready=True, facts=standby(lsn=900), probed_at=CLOCK - 30)
+    plan = plan_primary(observe(member("demo-0", None, ready=False), member("demo-1", standby()), old_probe))
+    assert plan.target is None
+    assert plan.probe_again is not None
+    assert plan.probe_again <= 0.5
+
+
+def test_a_deleted_primary_pod_fails_over_even_if_its_server_still_answers() -> None:
+    plan = plan_primary(
+        observe(member("demo-0", primary(), terminating=True), member("demo-1", standby(lsn=100)))
+    )
+    assert plan.target == "demo-1"
+
+
+def test_synchronous_failover_waits_until_enough_standbys_answer() -> None:
+    members = (member("demo-0", None, ready=False), member("demo-1", standby()), member("demo-2", None))
+    plan = plan_primary(observe(*members, synchronous=1))
+    assert plan.target is None
+    assert plan.events[0][1] == "FailoverWaiting"
+    # Said once, not at every pass.
+    again = plan_primary(
+        observe(*members, synchronous=1, status={"currentPrimary": "demo-0", "failover": plan.failover})
+    )
+    assert again.events == []
+    # Both standbys answer: the most advanced holds every acknowledged commit.
+    plan = plan_primary(
+        observe(
+            member("demo-0", None, ready=False),
+            member("demo-1", standby(lsn=5)),
+            member("demo-2", standby(lsn=7)),
+            synchronous=1,
+        )
+    )
+    assert plan.target == "demo-2"
+
+
+def test_a_single_instance_has_no_failover_and_waits_for_its_server() -> None:
+    plan = plan_primary(observe(member("demo-0", None, ready=False)))
+    assert plan.target is None
+    assert plan.actions == []
+    assert plan.labels == {"demo-0": PRIMARY}
+
+
+def test_a_restarted_primary_comes_back_as_a_standby_and_is_promoted_in_place() -> None:
+    plan = plan_primary(observe(member("demo-0", standby(lsn=500)), member("demo-1", standby(lsn=500))))
+    assert plan.actions == [Promote("demo-0")]
+    assert plan.labels["demo-0"] == PRIMARY
+
+
+def test_a_restarted_primary_behind_a_standby_fails_over_to_it() -> None:
+    plan = plan_primary(observe(member("demo-0", standby(lsn=400)), member("demo-1", standby(lsn=500))))
+    assert plan.target == "demo-1"
+    assert plan.actions == []
+
+
+CHANGING = {
+    "currentPrimary": "demo-0",
+    "targetPrimary": "demo-1",
+    "failover": {"kind": "Failover", "from": "demo-0", "to": "demo-1", "startedAtSeconds": NOW - 3},
+}
+
+
+def test_the_promotion_waits_until_the_rw_service_has_no_endpoint() -> None:
+    members = (member("demo-0", None, ready=False), member("demo-1", standby()))
+    plan = plan_primary(observe(*members, status=CHANGING, rw_endpoints=frozenset({"demo-0"})))
+    assert plan.actions == []
+    assert set(plan.labels.values()) == {REPLICA}
+    plan = plan_primary(observe(*members, status=CHANGING))
+    assert plan.actions == [Promote("demo-1")]
+    assert set(plan.labels.values()) == {REPLICA}
+
+
+def test_once_promoted_the_new_primary_gets_the_label_and_the_standbys_are_repointed() -> None:
+    plan = plan_primary(
+        observe(
+            member("demo-0", None, ready=False),
+            member("demo-1", primary(timeline=2)),
+            member("demo-2", standby()),
+            status=CHANGING,
+        )
+    )
+    assert plan.primary == "demo-1"
+    assert plan.target is None
+    assert plan.labels == {"demo-0": REPLICA, "demo-1": PRIMARY, "demo-2": REPLICA}
+    assert plan.actions == [Repoint(("demo-0", "demo-2"), "demo-1")]
+    assert plan.failover is not None
+    assert plan.failover["seconds"] == 3.0
+    assert plan.events == [("Normal", "FailoverCompleted", "demo-1 is the primary (was demo-0) after 3.0 s")]
+
+
+def test_a_chosen_standby_that_goes_away_mid_failover_is_replaced() -> None:
+    plan = plan_primary(
+        observe(
+            member("demo-0", None, ready=False),
+            member("demo-1", None, ready=False),
+            member("demo-2", standby()),
+            status=CHANGING,
+        )
+    )
+    assert plan.target == "demo-2"
+    assert plan.actions == []
+
+
+def test_a_switchover_stops_the_old_primary_cleanly_then_promotes() -> None:
+    request = {"switchover_to": "demo-1", "switchover_request": "demo-1@t1"}
+    plan = plan_primary(observe(member("demo-0", primary()), member("demo-1", standby()), **request))
+    assert plan.target == "demo-1"
+    assert plan.switchover_done == "demo-1@t1"
+    assert plan.failover is not None
+    assert plan.failover["kind"] == "Switchover"
+    status = {
+        "currentPrimary": "demo-0",
+        "targetPrimary": "demo-1",
+        "failover": plan.failover,
+        "switchover": {"served": "demo-1@t1"},
+    }
+    plan = plan_primary(
+        observe(member("demo-0", primary()), member("demo-1", standby()), status=status, **request)
+    )
+    assert plan.actions == [RestartPod("demo-0", "switchover: it stops so the new primary has all its WAL")]
+    # Stopping: still answering as a primary, so no promotion yet, and no second delete.
+    plan = plan_primary(
+        observe(
+            member("demo-0", primary(), terminating=True),
+            member("demo-1", standby()),
+            status=status,
+            **request,
+        )
+    )
+    assert plan.actions == []
+    plan = plan_primary(
+        observe(member("demo-0", None, ready=False), member("demo-1", standby()), status=status, **request)
+    )
+    assert plan.actions == [Promote("demo-1")]
+
+
+def test_a_switchover_request_is_served_once() -> None:
+    status = {"currentPrimary": "demo-1", "switchover": {"served": "demo-1@t1"}}
+    plan = plan_primary(
+        observe(
+            member("demo-0", standby()),
+            member("demo-1", primary()),
+            status=status,
+            switchover_to="demo-0",
+            switchover_request="demo-1@t1",
+        )
+    )
+    assert plan.target is None
+
+
+def test_a_switchover_to_a_pod_that_is_no_ready_standby_is_refused_with_the_field() -> None:
+    plan = plan_primary(
+        observe(
+            member("demo-0", primary()),
+            member("demo-1", standby()),
+            switchover_to="demo-7",
+            switchover_request="demo-7@t",
+        )
+    )
+    assert plan.target is None
+    assert plan.events[0][1] == "SwitchoverRefused"
+    assert "spec.switchover.to: demo-7" in plan.events[0][2]
+
+
+def test_scaling_down_moves_the_primary_off_the_ordinals_that_go() -> None:
+    plan = plan_primary(
+        observe(
+            member("demo-0", standby(lsn=10)),
+            member("demo-1", standby(lsn=20)),
+            member("demo-2", primary()),
+            status={"currentPrimary": "demo-2"},
+            instances=2,
+        )
+    )
+    assert plan.target == "demo-1"
+    assert plan.failover is not None
+    assert plan.failover["kind"] == "Switchover"
+
+
+def test_a_standby_that_stopped_following_is_restarted_to_rejoin() -> None:
+    lagging = member("demo-1", standby(streaming=False), not_streaming_since=CLOCK - REJOIN_AFTER - 1)
+    plan = plan_primary(observe(member("demo-0", primary()), lagging))
+    assert plan.actions == [RestartPod("demo-1", "it stopped following the primary")]
+    recent = member("demo-1", standby(streaming=False), not_streaming_since=CLOCK - 2)
+    assert plan_primary(observe(member("demo-0", primary()), recent)).actions == []
+
+
+def test_lsn_text_round_trips() -> None:
+    assert parse_lsn("16/B374D848") == (0x16 << 32) + 0xB374D848
+    assert format_lsn(parse_lsn("16/B374D848")) == "16/B374D848"
+    assert parse_lsn(None) == 0
+
+
+def test_a_frozen_primary_whose_pod_stays_ready_is_down_after_its_silence() -> None:
+    """A frozen container keeps its pod Ready (the kubelet's probes hang with it): the
+    operator's own probes decide."""
+    briefly = member("demo-0", None, ready=True, silent_since=CLOCK - 1)
+    plan = plan_primary(observe(briefly, member("demo-1", standby())))
+    assert plan.target is None
+    assert plan.probe_again == 1.0
+    long_enough = member("demo-0", None, ready=True, silent_since=CLOCK - SILENT_LIMIT)
+    plan = plan_primary(observe(long_enough, member("demo-1", standby())))
+    assert plan.target == "demo-1"
+    assert plan.failover is not None
+    assert plan.failover["reason"] == "its server has not answered for 3 s"
+
+
+def test_a_failover_is_cancelled_when_the_old_primary_answers_before_any_promotion() -> None:
+    plan = plan_primary(observe(member("demo-0", primary()), member("demo-1", standby()), status=CHANGING))
+    assert plan.target is None
+    assert plan.labels["demo-0"] == PRIMARY
+    assert plan.actions == []
+    assert [e[1] for e in plan.events] == ["FailoverCancelled"]
+
+
+def test_a_primary_deleted_on_purpose_hands_over_only_once_its_server_stopped() -> None:
+    status = {**CHANGING, "failover": {**CHANGING["failover"], "kind": "Switchover"}}
+    stopping = member("demo-0", primary(), terminating=True)
+    assert plan_primary(observe(stopping, member("demo-1", standby()), status=status)).actions == []
+    stopped = member("demo-0", None, terminating=True)
+    assert plan_primary(observe(stopped, member("demo-1", standby()), status=status)).actions == [
+        Promote("demo-1")
+    ]
+
+
+def test_a_switchover_to_a_ready_pod_not_probed_yet_waits_for_its_answer() -> None:
+    fresh_pod = Member("demo-1", ready=True)
+    plan = plan_primary(
+        observe(member("demo-0", primary()), fresh_pod, switchover_to="demo-1", switchover_request="demo-1@t")
+    )
+    assert plan.target is None
+    assert plan.switchover_done is None  # still to be served
+    assert plan.events == []
+    assert plan.probe_again == 1.0
