@@ -80,6 +80,7 @@ class Operator:
         self._inspections: dict[tuple[str, str, str], Inspection] = {}
         self._inspecting: dict[tuple[str, str, str], asyncio.TimerHandle | asyncio.Task[None]] = {}
         self._silent: dict[tuple[str, str, str], int] = {}  # inspections in a row nobody answered
+        self._inspect_basis: dict[tuple[str, str, str], Observed] = {}  # what the next one asks with
         self._inspectors = asyncio.Semaphore(32)
 
     # --- observe ------------------------------------------------------------------------
@@ -215,6 +216,7 @@ class Operator:
         with what it found. An earlier one already due is kept."""
         if delay is None:
             return
+        self._inspect_basis[key] = observed  # a timer already set still asks with the latest status
         silent = self._silent.get(key, 0)
         if silent:
             delay = max(delay, min(60.0, 2.0**silent))
@@ -238,13 +240,16 @@ class Operator:
             # The freshest pods (an IP may have changed since `observed`).
             statefulset, pods = self.rollouts.children((namespace, name))
             current = replace(
-                observed, statefulset=statefulset, pods=sorted(pods, key=lambda p: p["metadata"]["name"])
+                self._inspect_basis.get(key, observed),
+                statefulset=statefulset,
+                pods=sorted(pods, key=lambda p: p["metadata"]["name"]),
             )
             async with self._inspectors:
                 inspection = await plugin.inspect(self.client, current, self._inspections.get(key))
         except Exception:
             log.exception("inspecting the servers failed", extra=about(plugin.kind, namespace, name))
             inspection = None
+            self._silent[key] = self._silent.get(key, 0) + 1  # backs off like a silence
         finally:
             self._inspecting.pop(key, None)
         if inspection is not None:
@@ -260,6 +265,7 @@ class Operator:
         self.queue.forget(key)
         self._inspections.pop(key, None)
         self._silent.pop(key, None)
+        self._inspect_basis.pop(key, None)
         pending = self._inspecting.pop(key, None)
         if pending is not None:
             pending.cancel()

@@ -66,8 +66,12 @@ def decorate(
     return child
 
 
-def _invalid(observed: Observed, reason: str, message: str) -> Plan:
-    status = dict(observed.status)
+def _invalid(observed: Observed, reason: str, message: str, operations: Operations | None = None) -> Plan:
+    """Nothing is applied; the service is still operated (`operations`, when the spec could be
+    read): a change refused must not stop a failover."""
+    operations = operations or Operations()
+    merged = {**observed.status, **operations.status}
+    status = {k: v for k, v in merged.items() if v is not None}
     status["observedGeneration"] = observed.generation
     status["conditions"] = conditions.merge_conditions(
         observed.status.get("conditions"),
@@ -81,7 +85,9 @@ def _invalid(observed: Observed, reason: str, message: str) -> Plan:
     previous = conditions.find(observed.status.get("conditions"), conditions.READY)
     if not previous or previous.get("reason") != reason or previous.get("message") != message:
         events.append(EventNote("Warning", reason, message))
-    return Plan(status=_without_kopf(status), events=events, apply=False)
+    return Plan(
+        status=_without_kopf(status), events=events + operations.events, apply=False, operations=operations
+    )
 
 
 def _without_kopf(status: dict[str, Any]) -> dict[str, Any]:
@@ -111,9 +117,10 @@ def plan(
         version = resolve(catalog, plugin.service, getattr(spec, "version", None))
     except VersionRefused as error:
         return _invalid(observed, "InvalidSpec", str(error))
+    operations = plugin.operate(spec, observed, now)
     refusal = plugin.refuse_change(spec, observed)
     if refusal:
-        return _invalid(observed, "ChangeRefused", refusal)
+        return _invalid(observed, "ChangeRefused", refusal, operations)
 
     labels = plugin.labels(observed.name)
     owner = owner_reference(plugin, observed.name, uid)
@@ -147,7 +154,6 @@ def plan(
         for child in render_children(plugin.service, context)
     ]
 
-    operations = plugin.operate(spec, observed, now)
     if operations.status:  # what the plugin decided (a new primary) is what the status reads
         merged = {**observed.status, **operations.status}
         observed = replace(observed, status={k: v for k, v in merged.items() if v is not None})
@@ -222,6 +228,16 @@ def status_changed(current: dict[str, Any], desired: dict[str, Any]) -> bool:
 
 
 def status_patch(current: dict[str, Any], desired: dict[str, Any]) -> dict[str, Any]:
-    """A merge patch from `current` to `desired`: fields no longer wanted are set to null."""
-    gone = {k: None for k in _without_kopf(current) if k not in desired}
-    return {"status": {**gone, **_without_kopf(desired)}}
+    """A merge patch from `current` to `desired`: fields no longer wanted are set to null, in
+    nested objects too (a merge patch would keep them)."""
+    return {"status": _merge_patch(_without_kopf(current), _without_kopf(desired))}
+
+
+def _merge_patch(current: dict[str, Any], desired: dict[str, Any]) -> dict[str, Any]:
+    patch: dict[str, Any] = {k: None for k in current if k not in desired}
+    for key, value in desired.items():
+        before = current.get(key)
+        patch[key] = (
+            _merge_patch(before, value) if isinstance(value, dict) and isinstance(before, dict) else value
+        )
+    return patch

@@ -90,22 +90,25 @@ def primary_pod(kube: Client, namespace: str) -> Any:
 
 def measure(
     kube: Client, namespace: str, writer: Writer, runs: int, disrupt: Callable[[], None]
-) -> tuple[list[float], int]:
-    pauses, lost = [], 0
+) -> tuple[list[float], int, int]:
+    """Write pauses, acknowledged commits lost, and how many runs moved the primary."""
+    pauses, lost, moved = [], 0, 0
     for _ in range(runs):
         healthy(kube, namespace)
         time.sleep(2)  # the writer is in its stride
-        moment = time.monotonic()
+        before = primary_pod(kube, namespace).metadata.name
         disrupt()
+        moment = time.monotonic()  # the server is dead, the pod deleted, or the request made
         resumed = wait_until(
             "a commit after the failure", lambda moment=moment: writer.first_after(moment), 120, interval=0.1
         )
         pauses.append(resumed - moment)
         healthy(kube, namespace)
+        moved += primary_pod(kube, namespace).metadata.name != before
         acknowledged = {value for value, at in writer.acknowledged if at < resumed}
         present = {row[0] for row in rows(kube, namespace)}
         lost += len(acknowledged - present)
-    return pauses, lost
+    return pauses, lost, moved
 
 
 def rows(kube: Client, namespace: str) -> list[tuple[int]]:
@@ -113,10 +116,11 @@ def rows(kube: Client, namespace: str) -> list[tuple[int]]:
         return conn.execute("select value from ticks").fetchall()
 
 
-def report(label: str, pauses: list[float], lost: int) -> None:
+def report(label: str, pauses: list[float], lost: int, moved: int) -> None:
     print(
         f"  {label}: write pause median {statistics.median(pauses):.1f} s, max {max(pauses):.1f} s "
-        f"over {len(pauses)} runs; acknowledged commits lost: {lost}"
+        f"over {len(pauses)} runs ({moved} moved the primary, {len(pauses) - moved} promoted it again "
+        f"in place); acknowledged commits lost: {lost}"
     )
 
 

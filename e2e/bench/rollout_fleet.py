@@ -174,6 +174,17 @@ def main() -> int:
         print(f"StatefulsetRollout, {args.replicas} replicas, {shape}: {took:.1f} s")
         print(f"  floor (sum over steps of the {args.delay:g} s start delay): {floor:.0f} s")
         print(f"  total / floor: {took / floor:.2f}")
+        # What this machine's control plane adds whatever the controller: it made the first
+        # `replicas` pods at `rate` a second; each step's batch takes batch / rate on top.
+        rate = args.replicas / max(creation - args.delay, 0.1)
+        counts = [round(args.replicas * step["setPercent"] / 100) for step in STEPS]
+        batches = [now - before for before, now in zip([0, *counts], counts, strict=False)]
+        cluster_floor = sum(args.delay + batch / rate for batch in batches)
+        print(
+            f"  cluster floor (the start delay plus each batch at the {rate:.0f} pods/s the control "
+            f"plane created pods at above): {cluster_floor:.1f} s; "
+            f"total / cluster floor: {took / cluster_floor:.2f}"
+        )
         history = kube.get(Rollout, "web", namespace=namespace).to_dict()["status"]["history"]
         for entry in history:
             spent = (parse_time(entry["finishedAt"]) - parse_time(entry["startedAt"])).total_seconds()

@@ -14,6 +14,7 @@ from typing import Any
 
 import psycopg
 from lightkube import AsyncClient
+from lightkube.core.exceptions import ApiError
 from lightkube.resources.core_v1 import Secret
 from lightkube.resources.discovery_v1 import EndpointSlice
 from psycopg import sql
@@ -27,6 +28,7 @@ log = logging.getLogger("statefleet")
 # Seconds a probe waits for a connection and an answer: the servers are on the pod network,
 # and a frozen one must not hold the operator up. (libpq's own connect_timeout is 2 s at least.)
 PROBE_TIMEOUT = 1.0
+PROMOTE_TIMEOUT = 35.0  # pg_promote waits up to 30 s for the end of recovery
 PROBE = """
 select pg_is_in_recovery(),
        case when pg_is_in_recovery()
@@ -61,8 +63,8 @@ class Servers:
 
     async def connect(self, client: AsyncClient, observed: Observed, ip: str) -> psycopg.AsyncConnection[Any]:
         password = await self.password(client, observed.namespace, observed.name)
-        return await asyncio.wait_for(
-            psycopg.AsyncConnection.connect(
+        try:
+            return await psycopg.AsyncConnection.connect(
                 host=ip,
                 user="postgres",
                 password=password,
@@ -70,23 +72,28 @@ class Servers:
                 connect_timeout=2,
                 autocommit=True,
                 options=f"-c statement_timeout={int(PROBE_TIMEOUT * 1000)}",
-            ),
-            PROBE_TIMEOUT,
-        )
+                # A frozen peer's kernel still acknowledges TCP: give up on unacknowledged data.
+                tcp_user_timeout=int(PROBE_TIMEOUT * 3000),
+            )
+        except psycopg.OperationalError as error:
+            if "password authentication failed" in str(error):
+                self.forget(observed.namespace, observed.name)  # a resource made anew, a new Secret
+            raise
 
     async def probe(self, client: AsyncClient, observed: Observed, ip: str) -> Facts | None:
-        """The server's role and WAL position; None when it does not answer."""
+        """The server's role and WAL position; None when it does not answer (in time)."""
         try:
-            async with await self.connect(client, observed, ip) as connection:
-                row = await asyncio.wait_for((await connection.execute(PROBE)).fetchone(), PROBE_TIMEOUT)
-        except (OSError, TimeoutError, psycopg.Error):
+            async with asyncio.timeout(PROBE_TIMEOUT):  # the connection and the query together
+                async with await self.connect(client, observed, ip) as connection:
+                    row = await (await connection.execute(PROBE)).fetchone()
+        except (OSError, TimeoutError, psycopg.Error, ApiError):
             return None
         assert row is not None
         in_recovery, lsn, timeline, streaming = row
         return Facts(in_recovery=in_recovery, lsn=parse_lsn(lsn), timeline=int(timeline), streaming=streaming)
 
     async def promote(self, client: AsyncClient, observed: Observed, ip: str) -> None:
-        async with await self.connect(client, observed, ip) as connection:
+        async with asyncio.timeout(PROMOTE_TIMEOUT), await self.connect(client, observed, ip) as connection:
             await connection.execute("set statement_timeout = 0")
             if not (await (await connection.execute("select pg_is_in_recovery()")).fetchone() or [True])[0]:
                 return  # promoted by an earlier pass whose answer we have not seen yet
@@ -100,7 +107,10 @@ class Servers:
         """The standby at `ip` streams from `primary_host` from now on: its primary_conninfo
         changes and, reloaded, its WAL receiver restarts (even one stuck connecting)."""
         try:
-            async with await self.connect(client, observed, ip) as connection:
+            async with (
+                asyncio.timeout(PROBE_TIMEOUT * 3),
+                await self.connect(client, observed, ip) as connection,
+            ):
                 row = await (
                     await connection.execute("select current_setting('primary_conninfo')")
                 ).fetchone()

@@ -60,9 +60,11 @@ class ServerFacts:
 
     servers: dict[str, Facts | None]  # by pod; None: did not answer
     incarnations: dict[str, str]  # by pod: the life of the pod each answer is from
-    rw_endpoints: frozenset[str]
+    rw_endpoints: frozenset[str] | None  # None: not looked at (no change of primary was under way)
     not_streaming_since: dict[str, float]  # standbys not streaming, since (monotonic)
     silent_since: dict[str, float]  # servers not answering, since (monotonic)
+    primary: str | None  # the primary when asked: timers start again when it changes
+    confirmed: frozenset[str]  # pods that answered as a primary in their current life
 
 
 SERVERS = Servers(SUPERUSER.name("{name}"))
@@ -157,12 +159,13 @@ class PostgresPlugin(ServicePlugin):
 
     def operate(self, spec: PostgresSpec, observed: Observed, now: float) -> Operations:
         inspection = observed.inspection
-        found = inspection.facts if inspection else ServerFacts({}, {}, frozenset(), {}, {})
+        found = inspection.facts if inspection else ServerFacts({}, {}, None, {}, {}, None, frozenset())
         members = {
             pod: replace(
                 member,
                 not_streaming_since=found.not_streaming_since.get(pod),
                 silent_since=found.silent_since.get(pod) if member.probed_at else None,
+                confirmed_primary=bool(member.probed_at) and pod in found.confirmed,
             )
             for pod, member in members_of(
                 observed, found.servers, found.incarnations, inspection.at if inspection else 0.0
@@ -211,10 +214,17 @@ class PostgresPlugin(ServicePlugin):
         servers: dict[str, Facts | None] = {pod: answers.get(pod) for pod in addressed}
         lives = {pod["metadata"]["name"]: incarnation(pod) for pod in observed.pods}
 
+        def same_life(pod: str) -> bool:
+            """The previous inspection saw this life of the pod, under the same primary."""
+            return (
+                previous is not None
+                and previous.facts.incarnations.get(pod) == lives[pod]
+                and previous.facts.primary == observed.status.get("currentPrimary")
+            )
+
         def since(earlier: dict[str, float], pod: str) -> float:
             """When a condition seen now began: carried over within the same life of the pod."""
-            same_life = previous is not None and previous.facts.incarnations.get(pod) == lives[pod]
-            return earlier.get(pod, at) if same_life else at
+            return earlier.get(pod, at) if same_life(pod) else at
 
         before = previous.facts if previous else None
         not_streaming = {
@@ -227,11 +237,26 @@ class PostgresPlugin(ServicePlugin):
             for pod, facts in servers.items()
             if facts is None
         }
+        # Answered as a primary in this life of the pod: now, or before and silent since.
+        confirmed = frozenset(
+            pod
+            for pod, facts in servers.items()
+            if (facts is not None and not facts.in_recovery)
+            or (facts is None and before is not None and pod in before.confirmed and same_life(pod))
+        )
         changing = bool(observed.status.get("targetPrimary"))
-        endpoints = await rw_endpoints(client, observed.namespace, observed.name) if changing else frozenset()
+        endpoints = await rw_endpoints(client, observed.namespace, observed.name) if changing else None
         return Inspection(
             at=at,
-            facts=ServerFacts(servers, lives, endpoints, not_streaming, silent),
+            facts=ServerFacts(
+                servers,
+                lives,
+                endpoints,
+                not_streaming,
+                silent,
+                observed.status.get("currentPrimary"),
+                confirmed,
+            ),
             answered=any(facts is not None for facts in servers.values()),
         )
 

@@ -52,6 +52,7 @@ class Member:
     probed_at: float = 0.0  # monotonic time of the last probe, 0 = never
     not_streaming_since: float | None = None
     silent_since: float | None = None  # not answering since (monotonic), None while it answers
+    confirmed_primary: bool = False  # answered as a primary in this life of its pod
 
     @property
     def answers_as_primary(self) -> bool:
@@ -106,7 +107,7 @@ class PrimaryInput:
     instances: int
     status: dict[str, Any]
     members: dict[str, Member]  # by pod name, every pod of the StatefulSet
-    rw_endpoints: frozenset[str]  # pods behind `<name>-rw` right now
+    rw_endpoints: frozenset[str] | None  # pods behind `<name>-rw` now; None: not looked at
     now: float  # wall-clock seconds (recorded in status)
     monotonic: float  # the probes' clock
     synchronous: int = 0  # synchronous standbys a commit waits for
@@ -135,9 +136,9 @@ def down(member: Member | None, monotonic: float) -> str | None:
     return None
 
 
-def most_advanced(members: list[Member]) -> Member | None:
+def most_advanced(members: list[Member], require_ready: bool = True) -> Member | None:
     """The standby with the most WAL (the lowest ordinal among equals)."""
-    ready = [m for m in members if m.standby and m.ready and not m.terminating]
+    ready = [m for m in members if m.standby and (m.ready or not require_ready) and not m.terminating]
     if not ready:
         return None
     return max(ready, key=lambda m: (m.facts.lsn if m.facts else 0, -ordinal(m.pod)))
@@ -153,7 +154,11 @@ def plan_primary(observed: PrimaryInput) -> PrimaryPlan:
     if target and target != primary:
         return _finish_change(observed, primary, target, everyone_replica)
 
-    labels = {pod: (PRIMARY if pod == primary else REPLICA) for pod in members}
+    # Only a server seen answering as a primary in this life of its pod carries the label: a
+    # restarted one comes back a standby, and `<name>-rw` must not send writes to it.
+    labels = {
+        pod: (PRIMARY if pod == primary and m.confirmed_primary else REPLICA) for pod, m in members.items()
+    }
     plan = PrimaryPlan(primary=primary, target=None, labels=labels, failover=status.get("failover"))
     current = members.get(primary)
     if (
@@ -182,7 +187,17 @@ def plan_primary(observed: PrimaryInput) -> PrimaryPlan:
             return plan
         if rival is None and best is not None:
             return _start_change(observed, plan, primary, best, "it restarted behind a standby", "Failover")
-        plan.probe_again = 1.0  # a rival primary: the keep-healthy branch fences it next time
+        # Another server answers as a primary without the label: it is the one fenced.
+        assert rival is not None
+        plan.actions.append(RestartPod(rival.pod, f"it answers as a primary while {primary} is the primary"))
+        plan.events.append(
+            (
+                "Warning",
+                "Fenced",
+                f"{rival.pod} answered as a primary beside {primary}: restarted as a standby",
+            )
+        )
+        plan.probe_again = 1.0
         return plan
 
     if why_down is None:
@@ -201,8 +216,8 @@ def plan_primary(observed: PrimaryInput) -> PrimaryPlan:
     if observed.synchronous:
         # A commit was acknowledged once `synchronous` standbys had it: only when enough of
         # them answer is the most advanced sure to hold every acknowledged commit.
-        needed = len(standbys) - observed.synchronous + 1
-        answering = [m for m in standbys if m.standby]
+        needed = observed.instances - 1 - observed.synchronous + 1  # a missing pod counts as silent
+        answering = [m for m in standbys if m.standby and not m.terminating]
         if len(answering) < needed:
             message = (
                 f"primary {primary} is down ({why_down}); waiting for {needed} standbys to answer before "
@@ -213,7 +228,9 @@ def plan_primary(observed: PrimaryInput) -> PrimaryPlan:
                 plan.failover = {**(status.get("failover") or {}), "waiting": message}
             plan.probe_again = 1.0
             return plan
-    best = most_advanced(standbys)
+    # Synchronous: the most WAL among every standby that answers, ready or not (the one that
+    # holds the acknowledged commits may be the one still catching up on replay).
+    best = most_advanced(standbys, require_ready=not observed.synchronous)
     if best is None:
         plan.probe_again = 1.0
         return plan
@@ -296,6 +313,12 @@ def _start_change(
 ) -> PrimaryPlan:
     plan.target = to.pod
     plan.labels = {pod: REPLICA for pod in observed.members}
+    old = observed.members.get(primary)
+    if kind == "Failover" and old is not None and old.exists and not old.terminating and not old.standby:
+        # Fenced: clients still connected to it (it may only look dead, cut off from us) lose
+        # it now; its pod goes (gracefully: a frozen one stays until it thaws, then dies at
+        # once) and comes back a standby.
+        plan.actions.append(RestartPod(primary, "fenced: a failover replaces it"))
     plan.failover = {
         "kind": kind,
         "from": primary,
@@ -324,8 +347,13 @@ def _finish_change(
     plan = PrimaryPlan(primary=primary, target=target, labels=everyone_replica, failover=change)
     chosen = observed.members.get(target)
     old = observed.members.get(primary)
-    if observed.rw_endpoints:
+    if observed.rw_endpoints is None or observed.rw_endpoints:
         plan.probe_again = 0.2  # the label is gone; wait until the Service lets go as well
+        return plan
+    if change.get("kind") == "Switchover" and old is not None and old.terminating:
+        # Stopping: a server in a fast shutdown refuses new connections at once, but sends its
+        # last WAL to the standbys until it exits, and its pod goes only after that.
+        plan.probe_again = 0.3
         return plan
     if old is not None and old.answers_as_primary:
         if change.get("kind") == "Failover" and not old.terminating and old.ready:
@@ -344,6 +372,9 @@ def _finish_change(
             )
         plan.probe_again = 0.3
         return plan
+    if (chosen is None or chosen.facts is None or chosen.terminating) and change.get("promoting"):
+        plan.probe_again = 1.0  # promoted, or being: never a second one
+        return plan
     if chosen is None or chosen.facts is None or chosen.terminating:
         # The chosen standby went away too: choose again among those that answer.
         others = [m for m in observed.members.values() if m.pod not in (primary, target)]
@@ -357,6 +388,7 @@ def _finish_change(
         plan.probe_again = 0.2
         return plan
     if chosen.standby:
+        plan.failover = {**change, "promoting": True}
         plan.actions.append(Promote(target))
         plan.probe_again = 0.2
         return plan
@@ -366,7 +398,7 @@ def _finish_change(
     plan.labels = {pod: (PRIMARY if pod == target else REPLICA) for pod in observed.members}
     kind = change.get("kind", "Failover")
     plan.failover = {
-        **{k: v for k, v in change.items() if k != "waiting"},
+        **{k: v for k, v in change.items() if k not in ("waiting", "promoting")},
         "completedAt": _iso(observed.now),
         "seconds": round(took, 1),
     }

@@ -214,8 +214,9 @@ def test_status_roles_and_a_second_pass_change_nothing() -> None:
     spec = {"instances": 3, "storage": {"size": "1Gi"}}
     pods = [ready_pod("demo-0"), ready_pod("demo-1")]
     first = plan(PLUGIN, observed(spec, pods=pods), CATALOG, "uid")
+    # No server has answered yet (no inspection): nobody is behind <name>-rw.
     assert first.operations.pod_labels == {
-        "demo-0": {"statefleet.dev/role": "primary"},
+        "demo-0": {"statefleet.dev/role": "replica"},
         "demo-1": {"statefleet.dev/role": "replica"},
     }
     status = first.status

@@ -37,6 +37,7 @@ def standby(lsn: int = 100, streaming: bool = True) -> Facts:
 
 
 def member(pod: str, facts: Facts | None, ready: bool = True, **extra: Any) -> Member:
+    extra.setdefault("confirmed_primary", facts is not None and not facts.in_recovery)
     return Member(pod=pod, ready=ready, facts=facts, probed_at=CLOCK - 0.5, **extra)
 
 
@@ -63,10 +64,21 @@ def test_a_healthy_primary_keeps_the_label_and_nothing_is_done() -> None:
     assert plan.events == []
 
 
-def test_a_new_cluster_labels_its_first_instance_before_any_probe() -> None:
+def test_the_label_waits_until_the_server_answered_as_a_primary() -> None:
     plan = plan_primary(observe(Member("demo-0"), status={}))
-    assert plan.labels == {"demo-0": PRIMARY}
+    assert plan.labels == {"demo-0": REPLICA}
     assert plan.probe_again is not None
+    plan = plan_primary(observe(member("demo-0", primary()), status={}))
+    assert plan.labels == {"demo-0": PRIMARY}
+
+
+def test_a_restarted_primary_loses_the_label_until_it_is_promoted_again() -> None:
+    restarted = Member("demo-0", ready=True, facts=None, probed_at=0.0)  # a new life, not asked yet
+    plan = plan_primary(observe(restarted, member("demo-1", standby())))
+    assert plan.labels["demo-0"] == REPLICA
+    # A probe that times out once does not take the label from a confirmed primary.
+    blip = member("demo-0", None, ready=True, silent_since=CLOCK - 1, confirmed_primary=True)
+    assert plan_primary(observe(blip, member("demo-1", standby()))).labels["demo-0"] == PRIMARY
 
 
 def test_a_second_server_answering_as_primary_is_fenced() -> None:
@@ -87,7 +99,8 @@ def test_failover_goes_to_the_most_advanced_standby_and_takes_the_label_away_fir
     assert plan.target == "demo-2"
     assert plan.primary == "demo-0"  # not yet: nothing is promoted before the Service lets go
     assert set(plan.labels.values()) == {REPLICA}
-    assert plan.actions == []
+    # Fenced: whoever is still connected to it loses it now.
+    assert plan.actions == [RestartPod("demo-0", "fenced: a failover replaces it")]
     assert plan.failover is not None
     assert plan.failover["from"] == "demo-0"
     assert plan.failover["to"] == "demo-2"
@@ -95,7 +108,7 @@ def test_failover_goes_to_the_most_advanced_standby_and_takes_the_label_away_fir
 
 
 def test_a_primary_not_ready_is_probed_again_before_anything_is_decided() -> None:
-    stale = Member("demo-0", ready=False, facts=primary(), probed_at=CLOCK - 10)
+    stale = Member("demo-0", ready=False, facts=primary(), probed_at=CLOCK - 10, confirmed_primary=True)
     plan = plan_primary(observe(stale, member("demo-1", standby())))
     assert plan.target is None
     assert plan.actions == []
@@ -145,13 +158,13 @@ def test_a_single_instance_has_no_failover_and_waits_for_its_server() -> None:
     plan = plan_primary(observe(member("demo-0", None, ready=False)))
     assert plan.target is None
     assert plan.actions == []
-    assert plan.labels == {"demo-0": PRIMARY}
+    assert plan.labels == {"demo-0": REPLICA}  # nothing behind <name>-rw until it answers
 
 
 def test_a_restarted_primary_comes_back_as_a_standby_and_is_promoted_in_place() -> None:
     plan = plan_primary(observe(member("demo-0", standby(lsn=500)), member("demo-1", standby(lsn=500))))
     assert plan.actions == [Promote("demo-0")]
-    assert plan.labels["demo-0"] == PRIMARY
+    assert plan.labels["demo-0"] == REPLICA  # labelled once it answers as the primary again
 
 
 def test_a_restarted_primary_behind_a_standby_fails_over_to_it() -> None:
@@ -324,10 +337,11 @@ def test_a_primary_deleted_on_purpose_hands_over_only_once_its_server_stopped() 
     status = {**CHANGING, "failover": {**CHANGING["failover"], "kind": "Switchover"}}
     stopping = member("demo-0", primary(), terminating=True)
     assert plan_primary(observe(stopping, member("demo-1", standby()), status=status)).actions == []
+    # Refusing connections already, but maybe still sending its last WAL: its pod is not gone.
     stopped = member("demo-0", None, terminating=True)
-    assert plan_primary(observe(stopped, member("demo-1", standby()), status=status)).actions == [
-        Promote("demo-1")
-    ]
+    assert plan_primary(observe(stopped, member("demo-1", standby()), status=status)).actions == []
+    gone = observe(member("demo-1", standby()), status=status)
+    assert plan_primary(gone).actions == [Promote("demo-1")]
 
 
 def test_a_switchover_to_a_ready_pod_not_probed_yet_waits_for_its_answer() -> None:
