@@ -49,13 +49,18 @@ class Writer:
         self._thread.join(timeout=30)
 
     def first_after(self, moment: float) -> float | None:
+        if not self._thread.is_alive():
+            raise RuntimeError("the writer stopped (see the traceback above)")
         return next((at for _, at in self.acknowledged if at > moment), None)
 
     def _run(self) -> None:
+        # Where and who, read once: the writer thread makes no API request of its own.
+        with connect(self.kube, self.namespace, "demo-rw", "demo-superuser") as first:
+            where = {**first.info.get_parameters(), "password": first.info.password, "connect_timeout": "3"}
         value = 1
         while not self._stop.is_set():
             try:
-                with connect(self.kube, self.namespace, "demo-rw", "demo-superuser") as conn:
+                with psycopg.connect(**where, autocommit=True) as conn:
                     conn.execute("set statement_timeout = '5s'")
                     while not self._stop.is_set():
                         conn.execute("insert into ticks values (%s)", (value,))

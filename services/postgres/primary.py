@@ -314,10 +314,17 @@ def _start_change(
     plan.target = to.pod
     plan.labels = {pod: REPLICA for pod in observed.members}
     old = observed.members.get(primary)
-    if kind == "Failover" and old is not None and old.exists and not old.terminating and not old.standby:
-        # Fenced: clients still connected to it (it may only look dead, cut off from us) lose
-        # it now; its pod goes (gracefully: a frozen one stays until it thaws, then dies at
-        # once) and comes back a standby.
+    if (
+        kind == "Failover"
+        and old is not None
+        and old.exists
+        and old.ready
+        and not (old.terminating or old.standby)
+    ):
+        # Fenced: its pod looks ready but its server is silent to us (frozen, or cut off from
+        # us but not from its clients): those clients lose it now. Its pod goes (gracefully: a
+        # frozen one stays until it thaws, then dies at once) and comes back a standby. A
+        # server that is down and not ready serves nobody and is left to restart.
         plan.actions.append(RestartPod(primary, "fenced: a failover replaces it"))
     plan.failover = {
         "kind": kind,

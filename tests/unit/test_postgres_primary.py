@@ -99,8 +99,8 @@ def test_failover_goes_to_the_most_advanced_standby_and_takes_the_label_away_fir
     assert plan.target == "demo-2"
     assert plan.primary == "demo-0"  # not yet: nothing is promoted before the Service lets go
     assert set(plan.labels.values()) == {REPLICA}
-    # Fenced: whoever is still connected to it loses it now.
-    assert plan.actions == [RestartPod("demo-0", "fenced: a failover replaces it")]
+    # Down and not ready: it serves nobody, nothing to fence.
+    assert plan.actions == []
     assert plan.failover is not None
     assert plan.failover["from"] == "demo-0"
     assert plan.failover["to"] == "demo-2"
@@ -323,6 +323,8 @@ def test_a_frozen_primary_whose_pod_stays_ready_is_down_after_its_silence() -> N
     assert plan.target == "demo-1"
     assert plan.failover is not None
     assert plan.failover["reason"] == "its server has not answered for 3 s"
+    # Ready but silent to us: clients may still reach it. Fenced.
+    assert plan.actions == [RestartPod("demo-0", "fenced: a failover replaces it")]
 
 
 def test_a_failover_is_cancelled_when_the_old_primary_answers_before_any_promotion() -> None:
