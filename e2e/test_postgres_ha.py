@@ -49,7 +49,9 @@ def insert(kube: Client, namespace: str, values: range, retry_for: float = 30) -
         try:
             execute(kube, namespace, "demo-rw", sql)
             return
-        except psycopg.OperationalError:
+        # Read-only: for a second after the primary's container restarts, its pod can be Ready
+        # as a standby before the operator takes the label away (a known window, to close).
+        except (psycopg.OperationalError, psycopg.errors.ReadOnlySqlTransaction):
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.5)
