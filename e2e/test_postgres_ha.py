@@ -61,23 +61,21 @@ def rows(kube: Client, namespace: str) -> int:
     return query(kube, namespace, "demo-rw", "select count(*) from orders", retry_for=30)
 
 
-def assert_one_primary_and_healthy(kube: Client, namespace: str, primary: str) -> None:
-    """Every instance back, streaming from the one primary; only it carries the label."""
-    wait_ready(kube, namespace, "demo", 3, timeout=240)
+def wait_whole(kube: Client, namespace: str, timeout: float = 240) -> None:
+    """All three instances ready, two standbys streaming from the primary behind `demo-rw`."""
+    wait_ready(kube, namespace, "demo", 3, timeout=timeout)
+    streaming = "select count(*) from pg_stat_replication where state = 'streaming'"
     wait_until(
-        "two standbys streaming from the new primary",
-        lambda: (
-            query(
-                kube,
-                namespace,
-                "demo-rw",
-                "select count(*) from pg_stat_replication where state = 'streaming'",
-            )
-            == 2
-        ),
-        timeout=120,
+        "two standbys streaming from the primary",
+        lambda: query(kube, namespace, "demo-rw", streaming) == 2,
+        timeout=timeout,
         interval=1,
     )
+
+
+def assert_one_primary_and_healthy(kube: Client, namespace: str, primary: str) -> None:
+    """Every instance back, streaming from the one primary; only it carries the label."""
+    wait_whole(kube, namespace)
     roles = {f"demo-{i}": role(kube, namespace, f"demo-{i}") for i in range(3)}
     assert [pod for pod, r in roles.items() if r == "primary"] == [primary], roles
     assert query(kube, namespace, "demo-rw", "select not pg_is_in_recovery()") is True

@@ -29,7 +29,8 @@ from lightkube.resources.core_v1 import Namespace, Pod
 from e2e import node
 from e2e.kube import client, delete_namespace, wait_until
 from e2e.operator_process import OperatorProcess
-from e2e.test_postgres import Postgres, connect, create, patch_spec, query, wait_ready
+from e2e.test_postgres import Postgres, connect, create, patch_spec
+from e2e.test_postgres_ha import wait_whole
 
 
 class Writer:
@@ -71,21 +72,7 @@ class Writer:
 
 
 def healthy(kube: Client, namespace: str) -> None:
-    wait_ready(kube, namespace, "demo", 3, timeout=300)
-    wait_until(
-        "two standbys streaming",
-        lambda: (
-            query(
-                kube,
-                namespace,
-                "demo-rw",
-                "select count(*) from pg_stat_replication where state = 'streaming'",
-            )
-            == 2
-        ),
-        timeout=300,
-        interval=1,
-    )
+    wait_whole(kube, namespace, timeout=300)
 
 
 def primary_pod(kube: Client, namespace: str) -> Any:
