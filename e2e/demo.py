@@ -16,12 +16,11 @@ from pathlib import Path
 from lightkube.resources.core_v1 import Namespace, Pod, Secret, Service
 
 from e2e.kube import REPO, client, kubeconfig_path, wait_until
-from framework.operator import resource_class
 from services.postgres import PLUGIN
 
 CACHE = Path.home() / ".cache" / "statefleet"
 RELEASE, OPERATOR_NAMESPACE, APP_NAMESPACE = "statefleet", "statefleet-system", "apps"
-Postgres = resource_class(PLUGIN)
+Postgres = PLUGIN.resource()
 
 
 def tool(name: str, *args: str, capture: bool = False) -> str:

@@ -4,6 +4,8 @@ whatever cluster KUBECONFIG names)."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -27,6 +29,13 @@ def client() -> Client:
     if not path.exists():
         raise RuntimeError(f"no kubeconfig at {path}: run `make testbed-up` or set KUBECONFIG")
     return Client(config=KubeConfig.from_file(str(path)), field_manager="statefleet-tests")
+
+
+def statefleet(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """The CLI (`statefleet ...`, also `kubectl statefleet ...`), as a user runs it."""
+    env = {**os.environ, "KUBECONFIG": str(kubeconfig_path())}
+    command = [sys.executable, "-m", "framework", *args]
+    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout, check=False)
 
 
 def wait_until(what: str, probe: Callable[[], T | None], timeout: float, interval: float = 0.5) -> T:

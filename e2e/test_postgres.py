@@ -18,13 +18,12 @@ from lightkube.types import PatchType
 from e2e.kube import get_or_none, wait_until
 from e2e.manifests import ON_KWOK
 from e2e.operator_process import OperatorProcess
-from framework.operator import resource_class
 from framework.rollout.controller import Rollout
 from services.postgres import PLUGIN
 
 pytestmark = pytest.mark.e2e
 
-Postgres = resource_class(PLUGIN)
+Postgres = PLUGIN.resource()
 
 
 def create(kube: Client, namespace: str, name: str, spec: dict[str, Any]) -> None:

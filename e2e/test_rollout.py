@@ -21,7 +21,7 @@ from lightkube.resources.apps_v1 import StatefulSet
 from lightkube.resources.core_v1 import Event, Pod, Secret
 from lightkube.types import PatchType
 
-from e2e.kube import REPO, client, get_or_none, kubeconfig_path, wait_until
+from e2e.kube import REPO, client, get_or_none, kubeconfig_path, statefleet, wait_until
 from e2e.manifests import PAUSE_IMAGE, statefulset, statefulset_rollout
 from e2e.operator_process import OperatorProcess
 from e2e.receiver import receiving
@@ -58,9 +58,7 @@ def rollout(version: str, steps: list[dict[str, Any]], replicas: int = 5, **stra
 
 def cli(namespace: str, *args: str) -> subprocess.CompletedProcess[str]:
     """`kubectl statefleet rollout ...`, as a user runs it."""
-    env = {**os.environ, "KUBECONFIG": str(kubeconfig_path())}
-    command = [sys.executable, "-m", "framework", "rollout", *args, "web", "-n", namespace]
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300, check=False)
+    done = statefleet("rollout", *args, "web", "-n", namespace)
     assert done.returncode == 0, done.stderr
     return done
 

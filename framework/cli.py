@@ -27,9 +27,10 @@ from framework import metrics
 from framework.catalog import Catalog
 from framework.commands import rollout
 from framework.crd import render_all
+from framework.inservice import InServiceController
 from framework.operator import Operator
 from framework.plugin import MANAGER
-from framework.registry import load_plugins
+from framework.registry import in_service_kinds, load_plugins, watched_kinds
 from framework.rollout.controller import RolloutController
 
 DEFAULT_CATALOG = Path(__file__).resolve().parent.parent / "examples" / "catalog.yaml"
@@ -51,8 +52,11 @@ async def run_operator(args: argparse.Namespace) -> None:
         metrics.serve(args.metrics_port)
     rollouts = RolloutController(client)
     rollouts.register()
-    operator = Operator(client, catalog, load_plugins(), rollouts)
+    plugins = load_plugins()
+    operator = Operator(client, catalog, plugins, rollouts)
     operator.register()
+    in_service = InServiceController(client, in_service_kinds(plugins), watched_kinds(plugins))
+    in_service.register()
 
     @kopf.on.startup()
     async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
@@ -63,7 +67,10 @@ async def run_operator(args: argparse.Namespace) -> None:
         # thousand objects (resources, rollouts, StatefulSets, pods) that is memory.
         settings.batching.idle_timeout = 1.0
 
-    resync = asyncio.create_task(operator.resync_forever(args.namespace))
+    resyncs = [
+        asyncio.create_task(operator.resync_forever(args.namespace)),
+        asyncio.create_task(in_service.resync_forever(args.namespace)),
+    ]
     try:
         # Returns when kopf stops (SIGTERM, SIGINT): the resync stops with it.
         await kopf.operator(
@@ -73,7 +80,8 @@ async def run_operator(args: argparse.Namespace) -> None:
             liveness_endpoint=args.liveness,
         )
     finally:
-        resync.cancel()
+        for resync in resyncs:
+            resync.cancel()
 
 
 def fewer_malloc_arenas() -> None:

@@ -117,11 +117,12 @@ def build_crd(
 
 def render_all() -> dict[str, str]:
     """File name -> YAML of every plugin's CRD."""
-    from framework.registry import load_plugins
+    from framework.registry import in_service_kinds, load_plugins
     from framework.rollout.spec import rollout_crd
 
+    plugins = load_plugins()
     rendered = {}
-    for crd in [plugin.crd() for plugin in load_plugins()] + [rollout_crd()]:
+    for crd in [p.crd() for p in plugins] + [k.crd() for k in in_service_kinds(plugins)] + [rollout_crd()]:
         rendered[f"{crd['metadata']['name']}.yaml"] = yaml.safe_dump(crd, sort_keys=False, width=100)
     return rendered
 

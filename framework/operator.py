@@ -18,7 +18,6 @@ from typing import Any
 import kopf
 from lightkube import AsyncClient, codecs
 from lightkube.core.exceptions import ApiError
-from lightkube.generic_resource import create_namespaced_resource
 from lightkube.resources.apps_v1 import StatefulSet
 from lightkube.resources.core_v1 import ConfigMap, Pod, Secret, Service
 from lightkube.resources.policy_v1 import PodDisruptionBudget
@@ -33,6 +32,8 @@ from framework.plugin import (
     LABEL_MANAGED_BY,
     LABEL_NAME,
     MANAGER,
+    TLS_CA,
+    TLS_SERVER,
     Inspection,
     Observed,
     ServicePlugin,
@@ -50,10 +51,6 @@ CHILD_RESOURCES = {
     "StatefulSet": StatefulSet,
     "StatefulsetRollout": Rollout,
 }
-
-
-def resource_class(plugin: ServicePlugin) -> Any:
-    return create_namespaced_resource(GROUP, VERSION, plugin.kind, plugin.plural)
 
 
 class Operator:
@@ -103,6 +100,15 @@ class Operator:
             secret = await get_or_none(self.client, Secret, generated.name(name), namespace)
             if secret is not None:
                 secrets[generated.suffix] = secret
+        if plugin.tls_hosts(name, namespace):
+            # Read on resyncs: a certificate is renewed weeks before it expires.
+            for suffix in (TLS_CA, TLS_SERVER):
+                if not thorough and applied_before:
+                    secrets[suffix] = {}
+                    continue
+                secret = await get_or_none(self.client, Secret, f"{name}-{suffix}", namespace)
+                if secret is not None:
+                    secrets[suffix] = secret
         return Observed(
             name=name,
             namespace=namespace,
@@ -126,6 +132,8 @@ class Operator:
             except ApiError as error:
                 if error.status.code != 409:  # made by an earlier pass: never regenerate
                     raise
+        for secret in planned.secrets_to_apply:
+            await self.client.apply(codecs.from_dict(secret), field_manager=MANAGER, force=True)
         if planned.apply and planned.children:
             for child in planned.children:
                 await self.client.apply(codecs.from_dict(child), field_manager=MANAGER, force=True)
@@ -145,7 +153,7 @@ class Operator:
             await plugin.perform(self.client, observed, action)
         if status_changed(observed.status, planned.status):
             written = await self.client.patch(
-                resource_class(plugin).Status,
+                plugin.resource().Status,
                 observed.name,
                 status_patch(observed.status, planned.status),
                 namespace=observed.namespace,
@@ -193,7 +201,7 @@ class Operator:
     async def _reconcile_once(self, key: tuple[str, str, str], force_apply: bool) -> None:
         service, namespace, name = key
         plugin = self.plugins[service]
-        body = await get_or_none(self.client, resource_class(plugin), name, namespace)
+        body = await get_or_none(self.client, plugin.resource(), name, namespace)
         if body is None or body["metadata"].get("deletionTimestamp"):
             self._forget(key)
             return
@@ -327,7 +335,7 @@ class Operator:
                 continue  # kopf's first listings are not in yet: children would look missing
             for plugin in self.plugins.values():
                 try:
-                    async for resource in self.client.list(resource_class(plugin), namespace="*"):
+                    async for resource in self.client.list(plugin.resource(), namespace="*"):
                         namespace = resource.metadata.namespace
                         if namespaces and not any(fnmatch.fnmatchcase(namespace, p) for p in namespaces):
                             continue

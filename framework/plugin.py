@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from lightkube import AsyncClient
+from lightkube.generic_resource import create_namespaced_resource
 from pydantic import BaseModel
 
 from framework import conditions, crd
@@ -25,6 +26,9 @@ LABEL_INSTANCE = "app.kubernetes.io/instance"
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 LABEL_PART_OF = "app.kubernetes.io/part-of"
 MANAGER = "statefleet"
+
+
+TLS_CA, TLS_SERVER = "ca", "tls"  # suffixes of the Secrets of an instance's TLS
 
 
 @dataclass(frozen=True)
@@ -116,6 +120,34 @@ class ServicePlugin:
     # no longer render are deleted.
     child_kinds: ClassVar[tuple[str, ...]] = ("ConfigMap", "Service", "PodDisruptionBudget", "StatefulSet")
 
+    def tls_hosts(self, name: str, namespace: str) -> list[str]:
+        """The DNS names an instance's server certificate carries; empty: no TLS. The framework
+        keeps a CA (`<name>-ca`) and a server certificate (`<name>-tls`: tls.crt, tls.key,
+        ca.crt) for it, renewed before they expire (`framework.certificates`)."""
+        return []
+
+    # Bindings: the kind of the user resource a ServiceBinding creates (e.g. PostgresUser),
+    # None when the service takes no bindings.
+    user_kind: ClassVar[str | None] = None
+
+    def in_service_kinds(self) -> list[Any]:
+        """The plugin's kinds of objects inside an instance (`framework.inservice.InServiceKind`):
+        users, databases, vhosts. Their controller is the framework's."""
+        return []
+
+    def binding_user(self, binding: str, instance: str) -> dict[str, Any]:
+        """The spec of the user resource (`user_kind`) a ServiceBinding named `binding` creates."""
+        raise NotImplementedError(f"{self.kind} takes no bindings")
+
+    def binding_data(
+        self, service: dict[str, Any], user: dict[str, Any], credentials: dict[str, str], ca: str | None
+    ) -> dict[str, str]:
+        """The binding Secret's entries as servicebinding.io lays them out (type, provider,
+        host, port, username, password, database, uri ...), from the service resource, the
+        ready user resource, its credentials Secret and the instance's CA (PEM, None without
+        TLS). Pure."""
+        raise NotImplementedError(f"{self.kind} takes no bindings")
+
     def refuse_change(self, spec: BaseModel, observed: Observed) -> str | None:
         """Why applying `spec` would lose data (a message naming the field), or None."""
         return None
@@ -166,6 +198,11 @@ class ServicePlugin:
             LABEL_PART_OF: "statefleet",
         }
 
+    @classmethod
+    def resource(cls) -> Any:
+        """The lightkube class of the service's resource (and `.Status` of its status)."""
+        return create_namespaced_resource(crd.GROUP, crd.VERSION, cls.kind, cls.plural)
+
     def crd(self) -> dict[str, Any]:
         status = {
             "type": "object",
@@ -177,6 +214,15 @@ class ServicePlugin:
                 "image": {"type": "string"},
                 "childrenHash": {"type": "string", "description": "what the operator last applied"},
                 "conditions": conditions.SCHEMA,
+                "tls": {
+                    "type": "object",
+                    "description": "the server certificate (TLS in transit)",
+                    "properties": {
+                        "secret": {"type": "string"},
+                        "notAfter": {"type": "string"},
+                        "issuedAtSeconds": {"type": "number"},
+                    },
+                },
                 **self.status_properties(),
             },
             "x-kubernetes-preserve-unknown-fields": True,  # kopf keeps its progress here

@@ -9,17 +9,20 @@ Event only on a transition. Reconciling twice changes nothing.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
 from typing import Any
 
 from pydantic import ValidationError
 
 from framework import conditions
 from framework.catalog import Catalog, ResolvedVersion, VersionRefused, resolve
+from framework.certificates import plan_tls
 from framework.conditions import Condition
-from framework.plugin import EventNote, Observed, Operations, ServicePlugin, ServiceStatus
+from framework.plugin import TLS_CA, TLS_SERVER, EventNote, Observed, Operations, ServicePlugin, ServiceStatus
 from framework.render import render_children
 
 API_VERSION = "statefleet.dev/v1alpha1"
@@ -30,6 +33,7 @@ class Plan:
     status: dict[str, Any]
     children: list[dict[str, Any]] = field(default_factory=list)
     secrets_to_create: list[dict[str, Any]] = field(default_factory=list)
+    secrets_to_apply: list[dict[str, Any]] = field(default_factory=list)  # replaced when they differ
     events: list[EventNote] = field(default_factory=list)
     apply: bool = True  # False: leave the children exactly as they are (pods are still labelled)
     operations: Operations = field(default_factory=Operations)  # inside the service: labels, actions
@@ -140,6 +144,7 @@ def plan(
         for secret in plugin.generated_secrets
         if secret.suffix not in observed.secrets
     ]
+    tls = plan_instance_tls(plugin, observed, labels, owner, now)
     context = {
         "name": observed.name,
         "namespace": observed.namespace,
@@ -161,15 +166,73 @@ def plan(
     rendered = children_hash(children)
     status = _status(observed, version, reading)
     status["childrenHash"] = rendered
+    if tls.status:
+        status["tls"] = tls.status
     unchanged = observed.status.get("childrenHash") == rendered and observed.statefulset is not None
     return Plan(
         status=status,
         apply=force_apply or not unchanged,
         children=children,
         secrets_to_create=secrets_to_create,
-        events=_transition_events(observed, version, reading) + operations.events,
+        secrets_to_apply=tls.secrets,
+        events=_transition_events(observed, version, reading) + operations.events + tls.events,
         operations=operations,
     )
+
+
+@dataclass
+class InstanceTls:
+    secrets: list[dict[str, Any]] = field(default_factory=list)
+    status: dict[str, Any] = field(default_factory=dict)
+    events: list[EventNote] = field(default_factory=list)
+
+
+def plan_instance_tls(
+    plugin: ServicePlugin, observed: Observed, labels: dict[str, str], owner: dict[str, Any], now: float
+) -> InstanceTls:
+    """The CA and server certificate Secrets to (re)write, when they were read and need it."""
+    hosts = plugin.tls_hosts(observed.name, observed.namespace)
+    ca, server = observed.secrets.get(TLS_CA), observed.secrets.get(TLS_SERVER)
+    if not hosts or (ca == {} and server == {}):  # not read on this pass
+        return InstanceTls()
+    planned = plan_tls(_decoded(ca), _decoded(server), hosts, datetime.fromtimestamp(now, UTC))
+    result = InstanceTls()
+    for suffix, data, type_ in (
+        (TLS_CA, planned.ca, "Opaque"),
+        (TLS_SERVER, planned.server, "kubernetes.io/tls"),
+    ):
+        if data is None:
+            continue
+        secret = {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": f"{observed.name}-{suffix}"},
+            "type": type_,
+            "data": {k: base64.b64encode(v.encode()).decode() for k, v in data.items()},
+        }
+        result.secrets.append(decorate(secret, labels, owner, observed.namespace))
+    not_after = planned.not_after.strftime("%Y-%m-%dT%H:%M:%SZ") if planned.not_after else None
+    result.status = {
+        **(observed.status.get("tls") or {}),
+        "notAfter": not_after,
+        "secret": f"{observed.name}-tls",
+    }
+    if planned.server:
+        result.status["issuedAtSeconds"] = now
+        result.events.append(
+            EventNote(
+                "Normal",
+                "CertificateIssued",
+                f"{planned.reason}: a server certificate valid until {not_after}",
+            )
+        )
+    return result
+
+
+def _decoded(secret: dict[str, Any] | None) -> dict[str, str] | None:
+    if not secret:
+        return None
+    return {k: base64.b64decode(v).decode() for k, v in (secret.get("data") or {}).items()}
 
 
 def _status(observed: Observed, version: ResolvedVersion, reading: ServiceStatus) -> dict[str, Any]:

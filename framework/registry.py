@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+from typing import Any
 
 import services
+from framework.binding import ServiceBindingKind
+from framework.inservice import InServiceKind
 from framework.plugin import ServicePlugin
 
 
@@ -17,3 +20,15 @@ def load_plugins() -> list[ServicePlugin]:
         if isinstance(plugin, ServicePlugin):
             plugins.append(plugin)
     return plugins
+
+
+def in_service_kinds(plugins: list[ServicePlugin]) -> list[InServiceKind]:
+    """Bindings, and every plugin's kinds of objects inside its instances."""
+    return [ServiceBindingKind(plugins)] + [kind for plugin in plugins for kind in plugin.in_service_kinds()]
+
+
+def watched_kinds(plugins: list[ServicePlugin]) -> dict[str, Any]:
+    """Kind -> resource class of every kind a binding or a user may wait for."""
+    kinds: dict[str, Any] = {plugin.kind: plugin.resource() for plugin in plugins}
+    kinds.update({kind.kind: kind.resource() for kind in in_service_kinds(plugins)})
+    return kinds

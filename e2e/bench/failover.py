@@ -15,13 +15,11 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import threading
 import time
 import uuid
 from collections.abc import Callable
 from typing import Any
 
-import psycopg
 from lightkube import Client
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Namespace, Pod
@@ -31,44 +29,7 @@ from e2e.kube import client, delete_namespace, wait_until
 from e2e.operator_process import OperatorProcess
 from e2e.test_postgres import Postgres, connect, create, patch_spec
 from e2e.test_postgres_ha import wait_whole
-
-
-class Writer:
-    """Commits 1, 2, 3 ... one row per transaction; remembers when each was acknowledged."""
-
-    def __init__(self, kube: Client, namespace: str) -> None:
-        self.kube, self.namespace = kube, namespace
-        self.acknowledged: list[tuple[int, float]] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=30)
-
-    def first_after(self, moment: float) -> float | None:
-        if not self._thread.is_alive():
-            raise RuntimeError("the writer stopped (see the traceback above)")
-        return next((at for _, at in self.acknowledged if at > moment), None)
-
-    def _run(self) -> None:
-        # Where and who, read once: the writer thread makes no API request of its own.
-        with connect(self.kube, self.namespace, "demo-rw", "demo-superuser") as first:
-            where = {**first.info.get_parameters(), "password": first.info.password, "connect_timeout": "3"}
-        value = 1
-        while not self._stop.is_set():
-            try:
-                with psycopg.connect(**where, autocommit=True) as conn:
-                    conn.execute("set statement_timeout = '5s'")
-                    while not self._stop.is_set():
-                        conn.execute("insert into ticks values (%s)", (value,))
-                        self.acknowledged.append((value, time.monotonic()))
-                        value += 1
-            except psycopg.Error:
-                time.sleep(0.05)  # a client's quick retry
+from e2e.writer import Writer
 
 
 def healthy(kube: Client, namespace: str) -> None:

@@ -29,14 +29,13 @@ from e2e.operator_process import OperatorProcess
 from framework.api import bounded
 from framework.catalog import Catalog
 from framework.cli import DEFAULT_CATALOG
-from framework.operator import resource_class
 from framework.plugin import MANAGER, Observed
 from framework.reconcile import plan
 from framework.rollout.controller import Rollout
 from framework.rollout.plan import RolloutObserved, plan_rollout
 from services.postgres import PLUGIN
 
-Postgres = resource_class(PLUGIN)
+Postgres = PLUGIN.resource()
 CONCURRENCY = 32  # the same for both sides: what a `kubectl apply` of many files would do, in parallel
 
 SPEC = {

@@ -39,6 +39,7 @@ from framework.rollout.plan import (
     RolloutObserved,
     RolloutPlan,
     plan_rollout,
+    pod_view,
     timestamp,
 )
 from framework.rollout.spec import KIND, PLURAL, Notifications, RolloutSpec, SecretKeyRef
@@ -224,7 +225,10 @@ class RolloutController:
     def _hook_call(self, moment: str, observed: RolloutObserved, pod: str, revision: str) -> hooks.HookCall:
         found = next((p for p in observed.pods if p["metadata"]["name"] == pod), {})
         pod_ip = (found.get("status") or {}).get("podIP", "")
-        return hooks.HookCall(moment, observed.namespace, observed.name, pod, pod_ip, revision, self.client)
+        views = tuple(map(pod_view, observed.pods))
+        return hooks.HookCall(
+            moment, observed.namespace, observed.name, pod, pod_ip, revision, self.client, views
+        )
 
     async def _before_take_down(
         self, observed: RolloutObserved, planned: RolloutPlan, spec: RolloutSpec

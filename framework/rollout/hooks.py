@@ -15,6 +15,7 @@ from urllib.parse import quote
 
 import httpx2
 
+from framework.rollout.plan import PodView
 from framework.rollout.spec import Hook
 
 
@@ -27,6 +28,7 @@ class HookCall:
     pod_ip: str
     revision: str  # the revision the pod is going to, or runs now
     client: Any = None  # the operator's Kubernetes client, for in-process hooks
+    pods: tuple[PodView, ...] = ()  # every pod of the StatefulSet, as this pass saw them
 
     @property
     def ordinal(self) -> int:

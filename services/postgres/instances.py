@@ -28,6 +28,7 @@ log = logging.getLogger("statefleet")
 # Seconds a probe waits for a connection and an answer: the servers are on the pod network,
 # and a frozen one must not hold the operator up. (libpq's own connect_timeout is 2 s at least.)
 PROBE_TIMEOUT = 1.0
+CHECKPOINT_TIMEOUT = 120.0  # a rollout's hook waits this long at most; the shutdown does the rest
 PROMOTE_TIMEOUT = 35.0  # pg_promote waits up to 30 s for the end of recovery
 PROBE = """
 select pg_is_in_recovery(),
@@ -61,30 +62,38 @@ class Servers:
     def forget(self, namespace: str, name: str) -> None:
         self._passwords.pop((namespace, name), None)
 
-    async def connect(self, client: AsyncClient, observed: Observed, ip: str) -> psycopg.AsyncConnection[Any]:
-        password = await self.password(client, observed.namespace, observed.name)
+    async def connect(
+        self,
+        client: AsyncClient,
+        namespace: str,
+        name: str,
+        ip: str,
+        dbname: str = "postgres",
+        statement_timeout: float = PROBE_TIMEOUT,
+    ) -> psycopg.AsyncConnection[Any]:
+        password = await self.password(client, namespace, name)
         try:
             return await psycopg.AsyncConnection.connect(
                 host=ip,
                 user="postgres",
                 password=password,
-                dbname="postgres",
+                dbname=dbname,
                 connect_timeout=2,
                 autocommit=True,
-                options=f"-c statement_timeout={int(PROBE_TIMEOUT * 1000)}",
+                options=f"-c statement_timeout={int(statement_timeout * 1000)}",
                 # A frozen peer's kernel still acknowledges TCP: give up on unacknowledged data.
                 tcp_user_timeout=int(PROBE_TIMEOUT * 3000),
             )
         except psycopg.OperationalError as error:
             if "password authentication failed" in str(error):
-                self.forget(observed.namespace, observed.name)  # a resource made anew, a new Secret
+                self.forget(namespace, name)  # a resource made anew, a new Secret
             raise
 
     async def probe(self, client: AsyncClient, observed: Observed, ip: str) -> Facts | None:
         """The server's role and WAL position; None when it does not answer (in time)."""
         try:
             async with asyncio.timeout(PROBE_TIMEOUT):  # the connection and the query together
-                async with await self.connect(client, observed, ip) as connection:
+                async with await self.connect(client, observed.namespace, observed.name, ip) as connection:
                     row = await (await connection.execute(PROBE)).fetchone()
         except (OSError, TimeoutError, psycopg.Error, ApiError):
             return None
@@ -93,7 +102,10 @@ class Servers:
         return Facts(in_recovery=in_recovery, lsn=parse_lsn(lsn), timeline=int(timeline), streaming=streaming)
 
     async def promote(self, client: AsyncClient, observed: Observed, ip: str) -> None:
-        async with asyncio.timeout(PROMOTE_TIMEOUT), await self.connect(client, observed, ip) as connection:
+        async with (
+            asyncio.timeout(PROMOTE_TIMEOUT),
+            await self.connect(client, observed.namespace, observed.name, ip) as connection,
+        ):
             await connection.execute("set statement_timeout = 0")
             if not (await (await connection.execute("select pg_is_in_recovery()")).fetchone() or [True])[0]:
                 return  # promoted by an earlier pass whose answer we have not seen yet
@@ -109,7 +121,7 @@ class Servers:
         try:
             async with (
                 asyncio.timeout(PROBE_TIMEOUT * 3),
-                await self.connect(client, observed, ip) as connection,
+                await self.connect(client, observed.namespace, observed.name, ip) as connection,
             ):
                 row = await (
                     await connection.execute("select current_setting('primary_conninfo')")
@@ -123,6 +135,28 @@ class Servers:
                 await connection.execute("select pg_reload_conf()")
         except (OSError, TimeoutError, psycopg.Error) as error:
             log.info("could not repoint the standby at %s: %s", ip, error or type(error).__name__)
+
+    async def reload(self, client: AsyncClient, observed: Observed, ip: str) -> None:
+        try:
+            async with (
+                asyncio.timeout(PROBE_TIMEOUT * 3),
+                await self.connect(client, observed.namespace, observed.name, ip) as connection,
+            ):
+                await connection.execute("select pg_reload_conf()")
+        except (OSError, TimeoutError, psycopg.Error) as error:
+            log.info("could not reload the server at %s: %s", ip, error or type(error).__name__)
+
+    async def checkpoint(self, client: AsyncClient, namespace: str, name: str, ip: str) -> bool:
+        """A checkpoint on the server at `ip` if it is a primary; whether there was one."""
+        async with (
+            asyncio.timeout(CHECKPOINT_TIMEOUT),
+            await self.connect(client, namespace, name, ip) as connection,
+        ):
+            await connection.execute("set statement_timeout = 0")
+            if (await (await connection.execute("select pg_is_in_recovery()")).fetchone() or [True])[0]:
+                return False
+            await connection.execute("checkpoint")
+            return True
 
 
 def pod_ip(pod: dict[str, Any]) -> str | None:

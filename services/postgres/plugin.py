@@ -7,12 +7,14 @@ import hashlib
 import json
 from dataclasses import dataclass, replace
 from typing import Any
+from urllib.parse import quote
 
 from lightkube import AsyncClient
 from lightkube.core.exceptions import ApiError
 from lightkube.resources.core_v1 import Pod
 
 from framework.catalog import ResolvedVersion
+from framework.certificates import service_hosts
 from framework.plugin import (
     EventNote,
     GeneratedSecret,
@@ -36,6 +38,7 @@ from services.postgres.primary import (
     plan_primary,
 )
 from services.postgres.spec import PostgresSpec
+from services.postgres.users import PostgresUserKind
 
 ROLE_LABEL = "statefleet.dev/role"
 SUPERUSER = GeneratedSecret("superuser", fixed={"username": "postgres"}, random=("password",))
@@ -52,6 +55,25 @@ def pod_ready(pod: dict[str, Any]) -> bool:
 def current_primary(name: str, observed: Observed) -> str:
     """The primary's pod: the one status records, else the first instance."""
     return observed.status.get("currentPrimary") or f"{name}-0"
+
+
+# A renewed certificate reaches the pods' files within a minute or so (the kubelet's Secret
+# refresh); the servers read it when reloaded, so they are reloaded every 20 s for 150 s.
+TLS_RELOAD_WINDOW, TLS_RELOAD_EVERY = 150.0, 20.0
+
+
+@dataclass(frozen=True)
+class ReloadConfiguration:
+    """`pg_reload_conf()` on these pods' servers: they read their certificate files again."""
+
+    pods: tuple[str, ...]
+
+
+def tls_reload_due(status: dict[str, Any], now: float) -> bool:
+    issued = (status.get("tls") or {}).get("issuedAtSeconds")
+    if not issued or now - issued > TLS_RELOAD_WINDOW:
+        return False
+    return now - float(status.get("tlsReloadedAtSeconds") or 0) >= TLS_RELOAD_EVERY
 
 
 @dataclass(frozen=True)
@@ -90,6 +112,38 @@ class PostgresPlugin(ServicePlugin):
     commands = postgres_commands
     # The StatefulSet is left to a StatefulsetRollout: replicas first, the primary last.
     child_kinds = ("ConfigMap", "Service", "PodDisruptionBudget", "StatefulsetRollout")
+    user_kind = "PostgresUser"
+
+    def in_service_kinds(self) -> list[Any]:
+        return [USERS]
+
+    def tls_hosts(self, name: str, namespace: str) -> list[str]:
+        return service_hosts([f"{name}-rw", f"{name}-ro", name], namespace, pods_of=name)
+
+    def binding_user(self, binding: str, instance: str) -> dict[str, Any]:
+        # Each application its own role and its own database, named after the binding.
+        return {"instance": instance, "ownDatabase": True}
+
+    def binding_data(
+        self, service: dict[str, Any], user: dict[str, Any], credentials: dict[str, str], ca: str | None
+    ) -> dict[str, str]:
+        meta, status = service["metadata"], user["status"]
+        host = f"{meta['name']}-rw.{meta['namespace']}.svc"
+        username, database, password = status["role"], status["database"], credentials["password"]
+        # libpq and the servicebinding.io libraries (Spring Cloud Bindings...) verify the server
+        # with the CA: `sslrootcert` names the file the application mounts.
+        tls = {"ca.crt": ca, "sslrootcert": ca, "sslmode": "verify-full"} if ca else {}
+        return {
+            **tls,
+            "type": "postgresql",
+            "provider": "statefleet",
+            "host": host,
+            "port": "5432",
+            "username": username,
+            "password": password,
+            "database": database,
+            "uri": f"postgresql://{quote(username)}:{quote(password, safe='')}@{host}:5432/{quote(database)}",
+        }
 
     def refuse_change(self, spec: PostgresSpec, observed: Observed) -> str | None:
         running = observed.status.get("version")
@@ -172,6 +226,7 @@ class PostgresPlugin(ServicePlugin):
             ).items()
         }
         switchover = spec.switchover
+        switchovers = observed.status.get("switchover") or {}
         planned = plan_primary(
             PrimaryInput(
                 name=observed.name,
@@ -184,6 +239,7 @@ class PostgresPlugin(ServicePlugin):
                 synchronous=spec.synchronous.number if spec.synchronous else 0,
                 switchover_to=switchover.to if switchover else None,
                 switchover_request=f"{switchover.to}@{switchover.requested_at or ''}" if switchover else None,
+                rollout_switchover=switchovers.get("rollout"),
             )
         )
         primary = members.get(planned.primary)
@@ -194,14 +250,21 @@ class PostgresPlugin(ServicePlugin):
             "targetPrimary": planned.target,
             "failover": planned.failover,
         }
-        if planned.switchover_done:
-            status["switchover"] = {"served": planned.switchover_done}
+        if planned.switchover_done or planned.rollout_switchover_done:
+            served = {"served": planned.switchover_done, "rolloutServed": planned.rollout_switchover_done}
+            status["switchover"] = {**switchovers, **{k: v for k, v in served.items() if v}}
+        actions: list[Any] = list(planned.actions)
+        again = planned.probe_again
+        if tls_reload_due(observed.status, now):
+            actions.append(ReloadConfiguration(tuple(p["metadata"]["name"] for p in observed.pods)))
+            status["tlsReloadedAtSeconds"] = now
+            again = min(again or TLS_RELOAD_EVERY, TLS_RELOAD_EVERY)
         return Operations(
             pod_labels={pod: {ROLE_LABEL: role} for pod, role in planned.labels.items()},
-            actions=planned.actions,
+            actions=actions,
             status=status,
             events=[EventNote(*event) for event in planned.events],
-            inspect_in=planned.probe_again,
+            inspect_in=again,
         )
 
     async def inspect(
@@ -273,6 +336,10 @@ class PostgresPlugin(ServicePlugin):
             except ApiError as error:
                 if error.status.code != 404:
                     raise
+        elif isinstance(action, ReloadConfiguration):
+            await asyncio.gather(
+                *(SERVERS.reload(client, observed, ips[p]) for p in action.pods if ips.get(p))
+            )
         elif isinstance(action, Repoint):
             host = f"{action.primary}.{observed.name}.{observed.namespace}.svc"  # follows the pod's IP
             await asyncio.gather(
@@ -330,9 +397,20 @@ class PostgresPlugin(ServicePlugin):
             },
             "switchover": {
                 "type": "object",
-                "properties": {"served": {"type": "string", "description": "the last request served"}},
+                "properties": {
+                    "served": {"type": "string", "description": "the last request (spec.switchover) served"},
+                    "rollout": {
+                        "type": "string",
+                        "description": "a rollout's request (<pod>@<revision>): the primary is updated last",
+                    },
+                    "rolloutServed": {"type": "string", "description": "the last rollout request served"},
+                },
             },
             "superuserSecret": {"type": "string"},
+            "tlsReloadedAtSeconds": {
+                "type": "number",
+                "description": "servers reloaded for a new certificate",
+            },
             "endpoints": {
                 "type": "object",
                 "properties": {"rw": {"type": "string"}, "ro": {"type": "string"}},
@@ -343,3 +421,6 @@ class PostgresPlugin(ServicePlugin):
         columns = super().printer_columns()
         columns.insert(3, {"name": "Primary", "type": "string", "jsonPath": ".status.currentPrimary"})
         return columns
+
+
+USERS = PostgresUserKind(SERVERS, PostgresPlugin.resource())

@@ -98,6 +98,7 @@ class PrimaryPlan:
     events: list[tuple[str, str, str]] = field(default_factory=list)  # (type, reason, message)
     failover: dict[str, Any] | None = None  # status.failover: the change in progress, or the last one
     switchover_done: str | None = None  # the switchover request now served (status.switchover.served)
+    rollout_switchover_done: str | None = None  # status.switchover.rolloutServed
     probe_again: float | None = None  # seconds until a fresh probe is needed
 
 
@@ -113,6 +114,9 @@ class PrimaryInput:
     synchronous: int = 0  # synchronous standbys a commit waits for
     switchover_to: str | None = None
     switchover_request: str | None = None  # identifies one request (served once)
+    # A rollout's request (status.switchover.rollout, "<pod>@<revision>"): the primary moves to
+    # ordinal 0, the pod the rollout updates last.
+    rollout_switchover: str | None = None
 
 
 def ordinal(pod: str) -> int:
@@ -279,33 +283,52 @@ def _keep_healthy(observed: PrimaryInput, plan: PrimaryPlan, current: Member) ->
             return
         plan.probe_again = 1.0
         return
-    request = observed.switchover_request
-    served = (observed.status.get("switchover") or {}).get("served")
-    if observed.switchover_to and request and request != served:
-        wanted = observed.members.get(observed.switchover_to)
-        if observed.switchover_to == primary:
-            plan.switchover_done = request
-            plan.events.append(("Normal", "SwitchoverDone", f"{primary} is the primary already"))
-        elif wanted is not None and wanted.ready and wanted.facts is None:
-            pass  # not asked yet: the probe below says whether it is a standby
-        elif wanted is None or not (wanted.standby and wanted.ready):
-            plan.switchover_done = request
-            plan.events.append(
-                (
-                    "Warning",
-                    "SwitchoverRefused",
-                    f"spec.switchover.to: {observed.switchover_to} is not a ready standby of {observed.name}",
-                )
-            )
-        else:
-            plan.switchover_done = request
-            _start_change(observed, plan, primary, wanted, "switchover requested", "Switchover")
+    served = observed.status.get("switchover") or {}
+    asked = observed.switchover_request
+    if observed.switchover_to and asked and asked != served.get("served"):
+        refusal = f"spec.switchover.to: {observed.switchover_to} is not a ready standby of {observed.name}"
+        outcome = _serve_switchover(
+            observed, plan, primary, observed.switchover_to, "switchover requested", refusal
+        )
+        if outcome != WAIT:
+            plan.switchover_done = asked
+        if outcome == STARTED:
+            return
+    asked = observed.rollout_switchover
+    if asked and asked != served.get("rolloutServed"):
+        to = asked.split("@", 1)[0]
+        refusal = f"a rollout wanted {to} as the primary, to update it last, but it is not a ready standby"
+        outcome = _serve_switchover(observed, plan, primary, to, "a rollout updates this pod last", refusal)
+        if outcome != WAIT:
+            plan.rollout_switchover_done = asked
+        if outcome == STARTED:
             return
     unknown = [m for m in observed.members.values() if m.ready and m.facts is None and not m.terminating]
     if unknown:
         plan.probe_again = 1.0  # a new, restarted or thawed server: what is it?
     else:
         plan.probe_again = HEARTBEAT if len(observed.members) > 1 else None
+
+
+DONE, STARTED, WAIT = "done", "started", "wait"
+
+
+def _serve_switchover(
+    observed: PrimaryInput, plan: PrimaryPlan, primary: str, to: str, why: str, refusal: str
+) -> str:
+    """Serves one switchover request: DONE (refused, or nothing to do), STARTED, or WAIT (the
+    wanted pod has not been asked yet what it is)."""
+    wanted = observed.members.get(to)
+    if to == primary:
+        plan.events.append(("Normal", "SwitchoverDone", f"{primary} is the primary already"))
+        return DONE
+    if wanted is not None and wanted.ready and wanted.facts is None:
+        return WAIT  # the next probe says whether it is a standby
+    if wanted is None or not (wanted.standby and wanted.ready):
+        plan.events.append(("Warning", "SwitchoverRefused", refusal))
+        return DONE
+    _start_change(observed, plan, primary, wanted, why, "Switchover")
+    return STARTED
 
 
 def _start_change(

@@ -60,7 +60,10 @@ def test_renders_every_child_owned_and_labelled() -> None:
     # Replicas first, one at a time, the primary (ordinal 0) last, after a checkpoint.
     assert rollout["strategy"]["steps"] == [{"setCount": 2}, {"setPercent": 100}]
     assert rollout["strategy"]["maxUnavailable"] == 1
-    assert rollout["strategy"]["hooks"]["beforeTakeDown"] == [{"inProcess": {"name": "postgres-checkpoint"}}]
+    assert rollout["strategy"]["hooks"]["beforeTakeDown"] == [
+        {"inProcess": {"name": "postgres-primary-last"}},
+        {"inProcess": {"name": "postgres-checkpoint"}},
+    ]
     RolloutSpec.model_validate(rollout)  # what the rollout controller will accept
     sts = rollout["statefulSet"]
     assert sts["replicas"] == 3
@@ -226,8 +229,10 @@ def test_status_roles_and_a_second_pass_change_nothing() -> None:
     conditions = {c["type"]: c for c in status["conditions"]}
     assert conditions["Ready"]["status"] == "True"
     assert conditions["Degraded"]["status"] == "True"
-    assert [e.reason for e in first.events] == ["Ready"]
-    second = plan(PLUGIN, observed(spec, pods=pods, status=status), CATALOG, "uid")
+    assert [e.reason for e in first.events] == ["Ready", "CertificateIssued"]
+    assert [s["metadata"]["name"] for s in first.secrets_to_apply] == ["demo-ca", "demo-tls"]
+    made = {"superuser": {}, "replication": {}, "ca": {}, "tls": {}}  # exist, not read again
+    second = plan(PLUGIN, observed(spec, pods=pods, status=status, secrets=made), CATALOG, "uid")
     assert not status_changed(status, second.status)
     assert second.events == []
 

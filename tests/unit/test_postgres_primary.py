@@ -355,3 +355,35 @@ def test_a_switchover_to_a_ready_pod_not_probed_yet_waits_for_its_answer() -> No
     assert plan.switchover_done is None  # still to be served
     assert plan.events == []
     assert plan.probe_again == 1.0
+
+
+def test_a_rollouts_request_moves_the_primary_to_ordinal_0_once_beside_a_users_request() -> None:
+    # The user's request was served long ago; the rollout's is served on its own.
+    status = {"currentPrimary": "demo-1", "switchover": {"served": "demo-2@t1", "rollout": "demo-0@rev2"}}
+    members = (member("demo-0", standby()), member("demo-1", primary()), member("demo-2", standby()))
+    plan = plan_primary(
+        observe(
+            *members,
+            status=status,
+            switchover_to="demo-2",
+            switchover_request="demo-2@t1",
+            rollout_switchover="demo-0@rev2",
+        )
+    )
+    assert plan.target == "demo-0"
+    assert plan.rollout_switchover_done == "demo-0@rev2"
+    assert plan.switchover_done is None
+    assert plan.failover is not None
+    assert plan.failover["reason"] == "a rollout updates this pod last"
+    served = {**status, "switchover": {**status["switchover"], "rolloutServed": "demo-0@rev2"}}
+    plan = plan_primary(observe(*members, status=served, rollout_switchover="demo-0@rev2"))
+    assert plan.target is None
+
+
+def test_a_rollouts_request_for_a_pod_that_is_no_ready_standby_is_refused_and_marked_served() -> None:
+    status = {"currentPrimary": "demo-1", "switchover": {"rollout": "demo-0@rev2"}}
+    members = (member("demo-0", None, ready=False), member("demo-1", primary()))
+    plan = plan_primary(observe(*members, status=status, rollout_switchover="demo-0@rev2"))
+    assert plan.target is None
+    assert plan.rollout_switchover_done == "demo-0@rev2"  # the rollout's hook lets it go on
+    assert plan.events[0][1] == "SwitchoverRefused"

@@ -1,0 +1,357 @@
+"""PostgresUser and ServiceBinding on the test bed, against a real PostgreSQL: the examples of
+the issue as written, idempotence, passwords changed by hand, wrong or missing Secrets, a
+binding that waits for its instance, deletion with and without dropping the role."""
+
+from __future__ import annotations
+
+import base64
+import socket
+import ssl
+import struct
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from cryptography import x509
+from lightkube import Client
+from lightkube.core.exceptions import ApiError
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.core_v1 import Event, Secret, Service
+from lightkube.types import PatchType
+
+from e2e.kube import get_or_none, wait_until
+from e2e.operator_process import OperatorProcess
+from e2e.test_postgres import Postgres, create, execute, query, wait_ready
+from framework.binding import ServiceBindingKind
+from framework.certificates import plan_tls
+from services.postgres.users import PostgresUserKind
+
+pytestmark = pytest.mark.e2e
+
+PostgresUser = PostgresUserKind.resource()
+ServiceBinding = ServiceBindingKind.resource()
+
+
+def apply(kube: Client, resource: Any, namespace: str, name: str, spec: dict[str, Any]) -> None:
+    kind = resource._api_info.resource.kind
+    body = {"apiVersion": "statefleet.dev/v1alpha1", "kind": kind, "metadata": {"name": name}, "spec": spec}
+    kube.create(resource.from_dict(body), namespace=namespace)
+
+
+def ready_condition(kube: Client, resource: Any, namespace: str, name: str) -> dict[str, Any]:
+    status = kube.get(resource, name, namespace=namespace).to_dict().get("status") or {}
+    return next((c for c in status.get("conditions") or [] if c["type"] == "Ready"), {})
+
+
+def wait_reason(
+    kube: Client, resource: Any, namespace: str, name: str, reason: str, timeout: float = 60
+) -> str:
+    """Waits for the Ready condition's reason; returns its message."""
+
+    def reached() -> str | None:
+        condition = ready_condition(kube, resource, namespace, name)
+        return condition.get("message") if condition.get("reason") == reason else None
+
+    return wait_until(f"{name}: Ready reason {reason}", reached, timeout, interval=0.5)
+
+
+def secret_data(kube: Client, namespace: str, name: str) -> dict[str, str]:
+    secret = kube.get(Secret, name, namespace=namespace)
+    return {k: base64.b64decode(v).decode() for k, v in (secret.data or {}).items()}
+
+
+def login(kube: Client, namespace: str, user: str, password: str, database: str) -> psycopg.Connection:
+    host = kube.get(Service, "demo-rw", namespace=namespace).spec.clusterIP
+    return psycopg.connect(
+        host=host, user=user, password=password, dbname=database, connect_timeout=5, autocommit=True
+    )
+
+
+def roles(kube: Client, namespace: str) -> set[str]:
+    sql = "select string_agg(rolname, ',') from pg_roles where rolname !~ '^pg_'"
+    return set(query(kube, namespace, "demo-rw", sql).split(","))
+
+
+def events(kube: Client, namespace: str, name: str, reason: str) -> list[Event]:
+    found = kube.list(Event, namespace=namespace, fields={"involvedObject.name": name})
+    return [e for e in found if e.reason == reason]
+
+
+def test_a_binding_waits_for_its_instance_then_hands_out_its_own_credentials(
+    kube: Client, namespace: str, operator: OperatorProcess
+) -> None:
+    # The issue's example, applied before the instance exists.
+    apply(
+        kube,
+        ServiceBinding,
+        namespace,
+        "orders-db",
+        {"service": {"kind": "Postgres", "name": "demo"}, "secretName": "orders-db"},
+    )
+    message = wait_reason(kube, ServiceBinding, namespace, "orders-db", "ServiceNotFound")
+    assert message.startswith(f"spec.service.name: Postgres demo does not exist in namespace {namespace}")
+    create(kube, namespace, "demo", {"version": "15", "storage": {"size": "1Gi"}})
+    wait_ready(kube, namespace, "demo", 1)
+    wait_reason(kube, ServiceBinding, namespace, "orders-db", "Bound", timeout=120)
+
+    secret = kube.get(Secret, "orders-db", namespace=namespace)
+    assert secret.type == "servicebinding.io/postgresql"
+    data = secret_data(kube, namespace, "orders-db")
+    assert {k: data[k] for k in ("type", "provider", "host", "port", "username", "database")} == {
+        "type": "postgresql",
+        "provider": "statefleet",
+        "host": f"demo-rw.{namespace}.svc",
+        "port": "5432",
+        "username": "orders-db",
+        "database": "orders-db",
+    }
+    assert data["uri"].startswith("postgresql://orders-db:")
+    assert data["uri"].endswith(f"@demo-rw.{namespace}.svc:5432/orders-db")
+    body = kube.get(ServiceBinding, "orders-db", namespace=namespace).to_dict()
+    assert body["status"]["binding"] == {"name": "orders-db"}  # servicebinding.io Provisioned Service
+    # The application works in its own database with what the Secret says.
+    with login(kube, namespace, data["username"], data["password"], data["database"]) as conn:
+        conn.execute("create table orders(id int)")
+        conn.execute("insert into orders values (1)")
+        assert conn.execute("select current_user, current_database()").fetchone() == (
+            "orders-db",
+            "orders-db",
+        )
+    user = kube.get(PostgresUser, "orders-db", namespace=namespace)
+    assert user.metadata.ownerReferences[0].kind == "ServiceBinding"
+
+    # A binding to a kind that takes none is refused, naming the field.
+    apply(kube, ServiceBinding, namespace, "bogus", {"service": {"kind": "Redis", "name": "x"}})
+    message = wait_reason(kube, ServiceBinding, namespace, "bogus", "UnknownService")
+    assert message == "spec.service.kind: Redis cannot be bound; one of Postgres"
+
+    # Unbinding removes the Secret, the PostgresUser and the role; the data stays.
+    kube.delete(ServiceBinding, "orders-db", namespace=namespace)
+    wait_until(
+        "the binding's Secret, user and role gone",
+        lambda: (
+            get_or_none(kube, Secret, "orders-db", namespace) is None
+            and get_or_none(kube, PostgresUser, "orders-db", namespace) is None
+            and "orders-db" not in roles(kube, namespace)
+        ),
+        timeout=120,
+        interval=1,
+    )
+    owner = "select pg_get_userbyid(datdba) from pg_database where datname = 'orders-db'"
+    assert query(kube, namespace, "demo-rw", owner) == "postgres"
+
+
+def test_postgres_user_lifecycle(kube: Client, namespace: str, operator: OperatorProcess) -> None:
+    create(kube, namespace, "demo", {"version": "15", "storage": {"size": "1Gi"}})
+    wait_ready(kube, namespace, "demo", 1)
+    # The issue's example as written.
+    apply(
+        kube,
+        PostgresUser,
+        namespace,
+        "reporting",
+        {"instance": "demo", "database": "reporting", "ownDatabase": True},
+    )
+    wait_reason(kube, PostgresUser, namespace, "reporting", "Reconciled", timeout=60)
+    status = kube.get(PostgresUser, "reporting", namespace=namespace).to_dict()["status"]
+    assert (status["role"], status["database"], status["secret"]) == (
+        "reporting",
+        "reporting",
+        "reporting-credentials",
+    )
+    password = secret_data(kube, namespace, "reporting-credentials")["password"]
+    with login(kube, namespace, "reporting", password, "reporting") as conn:
+        conn.execute("create table sales(amount int); insert into sales values (10), (20)")
+
+    # Reconciling again creates nothing twice.
+    kube.patch(
+        PostgresUser,
+        "reporting",
+        {"metadata": {"annotations": {"touch": "1"}}},
+        namespace=namespace,
+        patch_type=PatchType.MERGE,
+    )
+    kube.patch(
+        PostgresUser,
+        "reporting",
+        {"spec": {"connectionLimit": 5}},
+        namespace=namespace,
+        patch_type=PatchType.MERGE,
+    )
+    wait_until(
+        "connection limit 5",
+        lambda: (
+            query(kube, namespace, "demo-rw", "select rolconnlimit from pg_roles where rolname = 'reporting'")
+            == 5
+        ),
+        timeout=30,
+    )
+    assert len(events(kube, namespace, "reporting", "RoleCreated")) == 1
+    assert len(events(kube, namespace, "reporting", "DatabaseCreated")) == 1
+    assert ready_condition(kube, PostgresUser, namespace, "reporting")["status"] == "True"
+
+    # The password Secret edited by hand is applied.
+    kube.patch(
+        Secret,
+        "reporting-credentials",
+        {"stringData": {"password": "a-new-one"}},
+        namespace=namespace,
+        patch_type=PatchType.MERGE,
+    )
+
+    def new_password_works() -> bool:
+        try:
+            login(kube, namespace, "reporting", "a-new-one", "reporting").close()
+            return True
+        except psycopg.OperationalError:
+            return False
+
+    wait_until("the edited password logs in", new_password_works, timeout=30)
+    with pytest.raises(psycopg.OperationalError, match="password authentication failed"):
+        login(kube, namespace, "reporting", password, "reporting")
+
+    # Wrong or missing Secrets: a clear reason naming the field, and it recovers once fixed.
+    apply(
+        kube,
+        PostgresUser,
+        namespace,
+        "analyst",
+        {"instance": "demo", "passwordSecret": "analyst-pw", "memberOf": ["pg_read_all_data"]},
+    )
+    message = wait_reason(kube, PostgresUser, namespace, "analyst", "SecretNotFound")
+    assert message == f"spec.passwordSecret: Secret analyst-pw does not exist in namespace {namespace}"
+    kube.create(Secret(metadata=ObjectMeta(name="analyst-pw"), stringData={"pass": "x"}), namespace=namespace)
+    message = wait_reason(kube, PostgresUser, namespace, "analyst", "SecretInvalid", timeout=40)
+    assert message.startswith("spec.passwordSecret: Secret analyst-pw has no `password` entry")
+    kube.patch(
+        Secret,
+        "analyst-pw",
+        {"stringData": {"password": "reads-all"}},
+        namespace=namespace,
+        patch_type=PatchType.MERGE,
+    )
+    wait_reason(kube, PostgresUser, namespace, "analyst", "Reconciled", timeout=40)
+    with login(kube, namespace, "analyst", "reads-all", "reporting") as conn:
+        assert conn.execute("select sum(amount) from sales").fetchone() == (30,)  # pg_read_all_data
+
+    # A user of a missing instance, and a role the operator did not create, are refused.
+    apply(kube, PostgresUser, namespace, "lost", {"instance": "nowhere"})
+    message = wait_reason(kube, PostgresUser, namespace, "lost", "InstanceNotFound")
+    assert message == f"spec.instance: Postgres nowhere does not exist in namespace {namespace}"
+    execute(kube, namespace, "demo-rw", "create role intruder")
+    apply(kube, PostgresUser, namespace, "intruder", {"instance": "demo"})
+    message = wait_reason(kube, PostgresUser, namespace, "intruder", "Refused")
+    assert "the role intruder exists and was not created for this resource" in message
+    with pytest.raises(ApiError, match="server's own"):
+        apply(kube, PostgresUser, namespace, "sneaky", {"instance": "demo", "role": "postgres"})
+
+    # Deleting drops the role; what it owned (its database, the table) goes to postgres.
+    kube.delete(PostgresUser, "reporting", namespace=namespace)
+    wait_until(
+        "role reporting dropped",
+        lambda: (
+            get_or_none(kube, PostgresUser, "reporting", namespace) is None
+            and "reporting" not in roles(kube, namespace)
+        ),
+        timeout=60,
+    )
+    owner = "select pg_get_userbyid(datdba) from pg_database where datname = 'reporting'"
+    assert query(kube, namespace, "demo-rw", owner) == "postgres"
+    # deletionPolicy: Retain keeps the role.
+    kube.patch(
+        PostgresUser,
+        "analyst",
+        {"spec": {"deletionPolicy": "Retain"}},
+        namespace=namespace,
+        patch_type=PatchType.MERGE,
+    )
+    wait_until(
+        "Retain seen",
+        lambda: (
+            kube.get(PostgresUser, "analyst", namespace=namespace).to_dict()["status"]["observedGeneration"]
+            == kube.get(PostgresUser, "analyst", namespace=namespace).metadata.generation
+        ),
+        timeout=30,
+    )
+    kube.delete(PostgresUser, "analyst", namespace=namespace)
+    wait_until(
+        "analyst gone", lambda: get_or_none(kube, PostgresUser, "analyst", namespace) is None, timeout=60
+    )
+    assert "analyst" in roles(kube, namespace)
+
+
+def served_certificate(host: str) -> x509.Certificate:
+    """The certificate the server presents (PostgreSQL's SSLRequest, then the TLS handshake)."""
+    with socket.create_connection((host, 5432), timeout=5) as raw:
+        raw.sendall(struct.pack("!ii", 8, 80877103))
+        assert raw.recv(1) == b"S"
+        context = ssl.create_default_context()
+        context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+        with context.wrap_socket(raw) as tls:
+            der = tls.getpeercert(binary_form=True)
+    assert der is not None
+    return x509.load_der_x509_certificate(der)
+
+
+def test_tls_verify_full_with_the_binding_ca_and_a_renewed_certificate(
+    kube: Client, namespace: str, operator: OperatorProcess, tmp_path: Path
+) -> None:
+    create(kube, namespace, "demo", {"version": "15", "storage": {"size": "1Gi"}})
+    wait_ready(kube, namespace, "demo", 1)
+    apply(kube, ServiceBinding, namespace, "app", {"service": {"kind": "Postgres", "name": "demo"}})
+    wait_reason(kube, ServiceBinding, namespace, "app", "Bound", timeout=120)
+    data = secret_data(kube, namespace, "app")
+    assert data["sslmode"] == "verify-full"
+    assert data["ca.crt"] == data["sslrootcert"]
+    root = tmp_path / "ca.crt"
+    root.write_text(data["ca.crt"])
+    address = kube.get(Service, "demo-rw", namespace=namespace).spec.clusterIP
+
+    def verified(rootcert: Path) -> psycopg.Connection:
+        # The name the certificate must carry is the Service's; the address is its ClusterIP.
+        return psycopg.connect(
+            host=data["host"],
+            hostaddr=address,
+            user=data["username"],
+            password=data["password"],
+            dbname=data["database"],
+            sslmode="verify-full",
+            sslrootcert=str(rootcert),
+            connect_timeout=5,
+        )
+
+    with verified(root) as conn:
+        assert conn.execute("select ssl from pg_stat_ssl where pid = pg_backend_pid()").fetchone() == (True,)
+    # Verification is real: another CA is refused.
+    stranger = tmp_path / "other-ca.crt"
+    stranger.write_text(plan_tls(None, None, ["elsewhere"], datetime.now(UTC)).ca["ca.crt"])  # type: ignore[index]
+    with pytest.raises(psycopg.OperationalError, match="certificate verify failed"):
+        verified(stranger)
+
+    # A server certificate lost (or due) is issued again and the server takes it up.
+    first = served_certificate(address)
+    status = kube.get(Postgres, "demo", namespace=namespace).to_dict()["status"]
+    assert status["tls"]["secret"] == "demo-tls"
+    assert datetime.fromisoformat(status["tls"]["notAfter"].replace("Z", "+00:00")) > datetime.now(
+        UTC
+    ) + timedelta(days=80)
+    kube.delete(Secret, "demo-tls", namespace=namespace)
+    renewed = wait_until(
+        "a new server certificate",
+        lambda: get_or_none(kube, Secret, "demo-tls", namespace),
+        timeout=120,
+        interval=2,
+    )
+    new_serial = x509.load_pem_x509_certificate(base64.b64decode(renewed.data["tls.crt"])).serial_number
+    assert new_serial != first.serial_number
+    wait_until(
+        "the server presents the new certificate",
+        lambda: served_certificate(address).serial_number == new_serial,
+        timeout=240,
+        interval=5,
+    )
+    with verified(root) as conn:  # the same CA: the application's copy still verifies
+        assert conn.execute("select 1").fetchone() == (1,)
+    assert events(kube, namespace, "demo", "CertificateIssued")

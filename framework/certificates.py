@@ -1,0 +1,169 @@
+"""TLS in transit for every instance: a CA and a server certificate, made by the operator and
+renewed before they expire. Pure: what to issue, from the Secrets as they are and the time.
+
+The CA (ECDSA P-256, 10 years) signs the server certificate (90 days, renewed when 30 are
+left, or when the names it must carry changed). A renewed CA is published beside the old one
+(`ca.crt` holds both while the old is valid), so clients that verify keep working.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+CA_VALIDITY = timedelta(days=3650)
+CA_RENEW_BEFORE = timedelta(days=365)
+SERVER_VALIDITY = timedelta(days=90)
+SERVER_RENEW_BEFORE = timedelta(days=30)
+BACKDATE = timedelta(minutes=5)  # clocks differ a little between machines
+
+
+@dataclass(frozen=True)
+class TlsPlan:
+    ca: dict[str, str] | None  # the CA Secret's new data; None: keep it
+    server: dict[str, str] | None  # the server Secret's new data (tls.crt, tls.key, ca.crt)
+    reason: str = ""
+    not_after: datetime | None = None  # of the server certificate in use after the plan
+
+
+def _key_pem(key: ec.EllipticCurvePrivateKey) -> str:
+    return key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    ).decode()
+
+
+def _cert_pem(cert: x509.Certificate) -> str:
+    return cert.public_bytes(serialization.Encoding.PEM).decode()
+
+
+def issue_ca(common_name: str, now: datetime) -> dict[str, str]:
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - BACKDATE)
+        .not_valid_after(now + CA_VALIDITY)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=True,
+                crl_sign=True,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+        .sign(key, hashes.SHA256())
+    )
+    return {"ca.crt": _cert_pem(cert), "ca.key": _key_pem(key)}
+
+
+def issue_server(ca: dict[str, str], hosts: list[str], now: datetime) -> dict[str, str]:
+    ca_cert = x509.load_pem_x509_certificate(ca["ca.crt"].encode())
+    ca_key = serialization.load_pem_private_key(ca["ca.key"].encode(), password=None)
+    assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, hosts[0])]))
+        .issuer_name(ca_cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - BACKDATE)
+        .not_valid_after(min(now + SERVER_VALIDITY, ca_cert.not_valid_after_utc))
+        .add_extension(x509.SubjectAlternativeName([x509.DNSName(h) for h in hosts]), critical=False)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
+    return {"tls.crt": _cert_pem(cert), "tls.key": _key_pem(key), "ca.crt": ca["ca.crt"]}
+
+
+def _first_cert(pem: str) -> x509.Certificate:
+    return x509.load_pem_x509_certificates(pem.encode())[0]
+
+
+def _names(cert: x509.Certificate) -> list[str]:
+    try:
+        extension = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName)
+    except x509.ExtensionNotFound:
+        return []
+    return extension.value.get_values_for_type(x509.DNSName)
+
+
+def _signed_by(cert: x509.Certificate, ca: x509.Certificate) -> bool:
+    try:
+        cert.verify_directly_issued_by(ca)
+        return True
+    except (ValueError, TypeError, Exception):
+        return False
+
+
+def plan_tls(
+    ca: dict[str, str] | None, server: dict[str, str] | None, hosts: list[str], now: datetime
+) -> TlsPlan:
+    """What to issue. `ca`/`server`: the Secrets' data as they are (None: missing)."""
+    new_ca = None
+    try:
+        ca_cert = _first_cert(ca["ca.crt"]) if ca and ca.get("ca.key") else None
+    except ValueError:
+        ca_cert = None
+    if ca_cert is None or ca_cert.not_valid_after_utc - now < CA_RENEW_BEFORE:
+        new_ca = issue_ca(f"statefleet {hosts[0].split('.', 1)[0]} CA", now)
+        if ca_cert is not None and ca_cert.not_valid_after_utc > now:
+            # Clients that verify with the old CA keep working until they read the new one.
+            new_ca["ca.crt"] += ca["ca.crt"]  # type: ignore[index]
+        reason = "a CA was made" if ca_cert is None else "the CA expires soon"
+        issued = issue_server(new_ca, hosts, now)
+        return TlsPlan(new_ca, issued, reason, _first_cert(issued["tls.crt"]).not_valid_after_utc)
+    assert ca is not None
+    try:
+        cert = _first_cert(server["tls.crt"]) if server and server.get("tls.key") else None
+    except ValueError:
+        cert = None
+    if cert is None:
+        reason = "the server certificate was missing"
+    elif cert.not_valid_after_utc - now < SERVER_RENEW_BEFORE:
+        reason = f"the server certificate expires on {cert.not_valid_after_utc:%Y-%m-%d}"
+    elif sorted(_names(cert)) != sorted(hosts):
+        reason = "the names the server certificate must carry changed"
+    elif not _signed_by(cert, ca_cert) or (server or {}).get("ca.crt") != ca["ca.crt"]:
+        reason = "the server certificate is not the CA's"
+    else:
+        return TlsPlan(None, None, "", cert.not_valid_after_utc)
+    issued = issue_server(ca, hosts, now)
+    return TlsPlan(None, issued, reason, _first_cert(issued["tls.crt"]).not_valid_after_utc)
+
+
+def service_hosts(names: list[str], namespace: str, pods_of: str | None = None) -> list[str]:
+    """DNS names of Services in `namespace` as clients write them, and of the pods behind the
+    headless Service `pods_of`."""
+    hosts = []
+    for name in names:
+        hosts += [
+            name,
+            f"{name}.{namespace}",
+            f"{name}.{namespace}.svc",
+            f"{name}.{namespace}.svc.cluster.local",
+        ]
+    if pods_of:
+        hosts += [f"*.{pods_of}.{namespace}.svc", f"*.{pods_of}.{namespace}.svc.cluster.local"]
+    return hosts

@@ -1,0 +1,280 @@
+"""Objects that live inside a service instance (a Postgres role, a RabbitMQ vhost) and the
+bindings that hand them to applications: one controller for all of their kinds.
+
+Kubernetes and a service share no transactions, so every pass is idempotent and the
+controller retries until the two agree. A pass returns an `Outcome` (ready or why not, extra
+status fields, the objects whose changes call for another pass, when to look again anyway);
+an exception is shown in the Ready condition and retried with backoff. Kinds that
+`finalizes` carry a finalizer: deleting one runs `finalize` until the service agrees (or its
+instance is gone), and only then lets the object go.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fnmatch
+import logging
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import kopf
+from lightkube import AsyncClient
+from lightkube.core.exceptions import ApiError
+from lightkube.generic_resource import create_namespaced_resource
+from lightkube.types import PatchType
+from pydantic import BaseModel, ValidationError
+
+from framework import conditions, crd
+from framework.api import about, post_event
+from framework.conditions import Condition
+from framework.crd import GROUP, VERSION
+from framework.plugin import LABEL_MANAGED_BY, MANAGER
+from framework.queue import WorkQueue
+from framework.reconcile import EventNote, describe_validation_error, status_changed, status_patch
+
+log = logging.getLogger("statefleet")
+
+FINALIZER = "statefleet.dev/in-service"
+RESYNC = 60.0  # seconds: drift no event announces (a role dropped by hand, a user's own Secret edited)
+
+
+@dataclass(frozen=True)
+class Ref:
+    """An object in the same namespace whose changes call for a pass."""
+
+    kind: str
+    name: str
+
+
+@dataclass(frozen=True)
+class Outcome:
+    ready: bool
+    reason: str
+    message: str
+    fields: dict[str, Any] = field(default_factory=dict)  # extra status fields
+    depends_on: frozenset[Ref] = frozenset()
+    retry_in: float | None = None  # seconds; None: the next event or resync
+    events: tuple[EventNote, ...] = ()
+
+
+class InServiceKind:
+    """One kind of object inside a service (a plugin's user kind) or around it (bindings)."""
+
+    kind: ClassVar[str]
+    plural: ClassVar[str]
+    short_names: ClassVar[tuple[str, ...]] = ()
+    spec_model: ClassVar[type[BaseModel]]
+    finalizes: ClassVar[bool] = True  # False: nothing inside a service to undo on deletion
+
+    async def reconcile(self, client: AsyncClient, body: dict[str, Any], spec: Any) -> Outcome:
+        raise NotImplementedError
+
+    async def finalize(self, client: AsyncClient, body: dict[str, Any], spec: Any) -> Outcome:
+        """Undoes what `reconcile` made; `ready` True lets the object go."""
+        return Outcome(True, "Finalized", "nothing to undo")
+
+    def status_properties(self) -> dict[str, Any]:
+        return {}
+
+    def printer_columns(self) -> list[dict[str, Any]]:
+        return [
+            {"name": "Ready", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Ready")].status'},
+            {
+                "name": "Reason",
+                "type": "string",
+                "jsonPath": '.status.conditions[?(@.type=="Ready")].reason',
+            },
+            {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+        ]
+
+    def crd(self) -> dict[str, Any]:
+        status = {
+            "type": "object",
+            "properties": {
+                "observedGeneration": {"type": "integer", "format": "int64"},
+                "conditions": conditions.SCHEMA,
+                **self.status_properties(),
+            },
+        }
+        return crd.build_crd(
+            self.kind, self.plural, self.spec_model, status, self.short_names, self.printer_columns()
+        )
+
+    @classmethod
+    def resource(cls) -> Any:
+        return create_namespaced_resource(GROUP, VERSION, cls.kind, cls.plural)
+
+
+Key = tuple[str, str, str]  # kind, namespace, name
+
+
+def plan_status(body: dict[str, Any], outcome: Outcome) -> dict[str, Any]:
+    """The status after a pass: the outcome's fields, Ready, the generation it saw."""
+    current = {k: v for k, v in (body.get("status") or {}).items() if k != "kopf"}
+    generation = body["metadata"].get("generation", 0)
+    ready = Condition(conditions.READY, outcome.ready, outcome.reason, outcome.message)
+    return {
+        **current,
+        **outcome.fields,
+        "observedGeneration": generation,
+        "conditions": conditions.merge_conditions(current.get("conditions"), [ready], generation),
+    }
+
+
+def transition_events(body: dict[str, Any], outcome: Outcome) -> list[EventNote]:
+    """An Event when Ready changes or its reason does: one per transition, never repeated."""
+    previous = conditions.find((body.get("status") or {}).get("conditions"), conditions.READY)
+    same = previous and previous.get("status") == ("True" if outcome.ready else "False")
+    if same and previous.get("reason") == outcome.reason:
+        return []
+    return [EventNote("Normal" if outcome.ready else "Warning", outcome.reason, outcome.message)]
+
+
+class InServiceController:
+    def __init__(self, client: AsyncClient, kinds: list[InServiceKind], watched: dict[str, Any]) -> None:
+        """`watched`: kind -> lightkube resource class of the kinds `Ref`s may name (besides
+        these kinds and Secrets)."""
+        self.client = client
+        self.kinds = {k.kind: k for k in kinds}
+        self.resources = {k.kind: k.resource() for k in kinds}
+        self.watched = watched
+        self.queue = WorkQueue(self._pass, self._describe, workers=8)
+        self._depends: dict[Key, frozenset[Ref]] = {}
+        self._written: dict[Key, str] = {}
+
+    def _describe(self, key: Key) -> dict[str, Any]:
+        return about(key[0], key[1], key[2])
+
+    def register(self) -> None:
+        for kind in self.kinds.values():
+
+            async def changed(body: dict[str, Any], kind: str = kind.kind, **_: Any) -> None:
+                meta = body["metadata"]
+                key = (kind, meta["namespace"], meta["name"])
+                if self._written.get(key) == meta.get("resourceVersion"):
+                    return  # the echo of our own status write
+                await self._dependency_changed(kind, meta["namespace"], meta["name"])
+                await self.queue.process(key)
+
+            kopf.on.event(GROUP, VERSION, kind.plural, id=f"inservice-{kind.plural}")(changed)
+        for kind, resource in self.watched.items():
+            if kind in self.kinds:
+                continue
+
+            async def other_changed(body: dict[str, Any], kind: str = kind, **_: Any) -> None:
+                await self._dependency_changed(kind, body["metadata"]["namespace"], body["metadata"]["name"])
+
+            api = resource._api_info.resource
+            kopf.on.event(api.group, api.version, api.name, id=f"inservice-dependency-{api.name}")(
+                other_changed
+            )
+
+        async def secret_changed(body: dict[str, Any], **_: Any) -> None:
+            await self._dependency_changed("Secret", body["metadata"]["namespace"], body["metadata"]["name"])
+
+        # Secrets the operator made (password Secrets); a user's own Secret is read on resync.
+        kopf.on.event("", "v1", "secrets", labels={LABEL_MANAGED_BY: MANAGER}, id="inservice-secrets")(
+            secret_changed
+        )
+
+    async def _dependency_changed(self, kind: str, namespace: str, name: str) -> None:
+        ref = Ref(kind, name)
+        for key, refs in list(self._depends.items()):
+            if key[1] == namespace and ref in refs:
+                self.queue.soon(key)
+
+    async def resync_forever(self, namespaces: list[str]) -> None:
+        while True:
+            await asyncio.sleep(RESYNC)
+            for kind, resource in self.resources.items():
+                try:
+                    async for item in self.client.list(resource, namespace="*"):
+                        namespace = item.metadata.namespace
+                        if namespaces and not any(fnmatch.fnmatchcase(namespace, p) for p in namespaces):
+                            continue
+                        self.queue.soon((kind, namespace, item.metadata.name))
+                except Exception:
+                    log.exception("resync of %s failed; next in %ss", kind, RESYNC)
+
+    async def _pass(self, key: Key, thorough: bool) -> float | None:
+        kind_name, namespace, name = key
+        kind, resource = self.kinds[kind_name], self.resources[kind_name]
+        try:
+            body = (await self.client.get(resource, name, namespace=namespace)).to_dict()
+        except ApiError as error:
+            if error.status.code == 404:
+                self._depends.pop(key, None)
+                self._written.pop(key, None)
+                return None
+            raise
+        meta = body["metadata"]
+        finalizers = list(meta.get("finalizers") or [])
+        try:
+            spec = kind.spec_model.model_validate(body.get("spec") or {})
+        except ValidationError as error:
+            if meta.get("deletionTimestamp") and FINALIZER in finalizers:
+                await self._remove_finalizer(key, finalizers)  # nothing valid was ever made of it
+                return None
+            await self._record(key, body, Outcome(False, "InvalidSpec", describe_validation_error(error)))
+            return None
+        try:
+            if meta.get("deletionTimestamp"):
+                if FINALIZER not in finalizers:
+                    return None
+                outcome = await kind.finalize(self.client, body, spec)
+                if outcome.ready:
+                    log.info("%s", outcome.message, extra=self._describe(key))
+                    await self._remove_finalizer(key, finalizers)
+                    return None
+            else:
+                if kind.finalizes and FINALIZER not in finalizers:
+                    await self.client.patch(
+                        resource,
+                        name,
+                        {"metadata": {"finalizers": [*finalizers, FINALIZER]}},
+                        namespace=namespace,
+                        patch_type=PatchType.MERGE,
+                    )
+                outcome = await kind.reconcile(self.client, body, spec)
+        except Exception as error:
+            await self._record(key, body, Outcome(False, "Error", f"{type(error).__name__}: {error}"))
+            raise
+        self._depends[key] = outcome.depends_on
+        await self._record(key, body, outcome)
+        return outcome.retry_in
+
+    async def _remove_finalizer(self, key: Key, finalizers: list[str]) -> None:
+        kind, namespace, name = key
+        # A JSON patch with a test: never drop a finalizer another controller added meanwhile.
+        index = finalizers.index(FINALIZER)
+        await self.client.patch(
+            self.resources[kind],
+            name,
+            [
+                {"op": "test", "path": f"/metadata/finalizers/{index}", "value": FINALIZER},
+                {"op": "remove", "path": f"/metadata/finalizers/{index}"},
+            ],
+            namespace=namespace,
+            patch_type=PatchType.JSON,
+        )
+        self._depends.pop(key, None)
+
+    async def _record(self, key: Key, body: dict[str, Any], outcome: Outcome) -> None:
+        kind, namespace, name = key
+        desired = plan_status(body, outcome)
+        current = body.get("status") or {}
+        if status_changed(current, desired):
+            try:
+                written = await self.client.patch(
+                    self.resources[kind].Status,
+                    name,
+                    status_patch(current, desired),
+                    namespace=namespace,
+                    patch_type=PatchType.MERGE,
+                )
+                self._written[key] = written.metadata.resourceVersion
+            except ApiError as error:
+                if error.status.code != 404:
+                    raise
+        for note in [*transition_events(body, outcome), *outcome.events]:
+            await post_event(self.client, kind, body, note)

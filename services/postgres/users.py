@@ -1,0 +1,440 @@
+"""`PostgresUser`: a role in a Postgres instance, optionally with a database of its own, its
+password in a Secret.
+
+Every pass reads what the server has and plans (pure, `plan_role`) only what differs, so a
+pass repeated creates nothing twice. Each role the operator creates carries a comment naming
+its resource (`statefleet:<namespace>/<name>`): a role someone else made is never taken over
+or dropped. A password Secret changed by hand is applied on the next pass (the Secrets the
+operator generates are watched; a Secret of the user's own within a minute).
+
+Deleting the resource drops the role after `REASSIGN OWNED` (what it owned, its database
+included, goes to `postgres`: no data is lost) and `DROP OWNED` in every database, unless
+`deletionPolicy: Retain` keeps it.
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+import secrets
+from dataclasses import dataclass, field
+from typing import Any
+
+from lightkube import AsyncClient
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.core_v1 import Pod, Secret
+from psycopg import AsyncConnection, sql
+from pydantic import ConfigDict, Field
+
+from framework.api import get_or_none
+from framework.inservice import InServiceKind, Outcome, Ref
+from framework.plugin import LABEL_MANAGED_BY, LABEL_PART_OF, MANAGER
+from framework.reconcile import API_VERSION, EventNote
+from framework.spec import ApiModel, DeletionPolicy
+from services.postgres.instances import Servers
+
+ROLE_PATTERN = re.compile(r"^[a-z_][a-z0-9_-]{0,62}$")
+RESERVED_ROLES = frozenset({"postgres", "streaming_replica", "public", "current_user", "session_user"})
+STATEMENT_TIMEOUT = 60.0  # seconds: CREATE DATABASE copies a template
+
+
+class PostgresUserSpec(ApiModel):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "!has(self.role) || (!self.role.startsWith('pg_') && "
+                    "!(self.role in ['postgres', 'streaming_replica', 'public']))",
+                    "message": "role: postgres, streaming_replica, public and pg_* are the server's own",
+                },
+            ]
+        },
+    )
+    instance: str = Field(
+        min_length=1,
+        description="The Postgres, in the same namespace.",
+        json_schema_extra={
+            "x-kubernetes-validations": [{"rule": "self == oldSelf", "message": "instance is immutable"}]
+        },
+    )
+    role: str | None = Field(
+        default=None,
+        pattern=ROLE_PATTERN.pattern,
+        description="The role's name; the resource's name when empty. Immutable.",
+        json_schema_extra={
+            "x-kubernetes-validations": [{"rule": "self == oldSelf", "message": "role is immutable"}]
+        },
+    )
+    database: str | None = Field(
+        default=None,
+        max_length=63,
+        description="The database the user works in (its own with ownDatabase, named after the role "
+        "when empty); postgres when empty otherwise.",
+    )
+    own_database: bool = Field(default=False, description="Create the database, owned by the role.")
+    member_of: list[str] = Field(
+        default_factory=list,
+        max_length=32,
+        description="Roles to grant, e.g. pg_read_all_data, pg_write_all_data, pg_monitor.",
+    )
+    connection_limit: int = Field(default=-1, ge=-1, description="-1: no limit.")
+    password_secret: str | None = Field(
+        default=None,
+        description="A Secret whose `password` entry is the role's password; when empty the operator "
+        "generates <name>-credentials. Edit the Secret to change the password.",
+    )
+    deletion_policy: DeletionPolicy = Field(
+        default=DeletionPolicy.DELETE,
+        description="Delete drops the role (what it owned goes to postgres); Retain keeps it.",
+    )
+
+
+def role_name(name: str, spec: PostgresUserSpec) -> str:
+    """The role's name, or ValueError naming the field that gives it."""
+    role = spec.role or name
+    where = "spec.role" if spec.role else "metadata.name (the role's name when spec.role is empty)"
+    if not ROLE_PATTERN.match(role):
+        raise ValueError(f"{where}: {role!r} is not a role name (lower case letters, digits, _ and -)")
+    if role in RESERVED_ROLES or role.startswith("pg_"):
+        raise ValueError(f"{where}: {role!r} is the server's own role")
+    return role
+
+
+def database_name(role: str, spec: PostgresUserSpec) -> str:
+    return spec.database or (role if spec.own_database else "postgres")
+
+
+def marker(namespace: str, name: str) -> str:
+    return f"statefleet:{namespace}/{name}"
+
+
+@dataclass(frozen=True)
+class RoleFound:
+    login: bool
+    connection_limit: int
+    comment: str | None
+    member_of: frozenset[str]
+
+
+@dataclass(frozen=True)
+class DatabaseFound:
+    owner: str
+    comment: str | None
+
+
+@dataclass(frozen=True)
+class Wanted:
+    role: str
+    marker: str
+    database: str
+    own_database: bool
+    member_of: frozenset[str]
+    connection_limit: int
+    password: str
+    password_changed: bool
+    granted_before: frozenset[str] = frozenset()  # memberships this resource granted earlier
+
+
+@dataclass
+class RolePlan:
+    statements: list[sql.Composable] = field(default_factory=list)
+    refusal: str | None = None
+    events: list[EventNote] = field(default_factory=list)
+
+
+def plan_role(
+    wanted: Wanted,
+    role: RoleFound | None,
+    database: DatabaseFound | None,
+    existing_roles: frozenset[str],
+) -> RolePlan:
+    """The statements that make the server agree with `wanted`, or why it must not be done.
+    `existing_roles`: which of the wanted memberships exist as roles."""
+    plan = RolePlan()
+    ident = sql.Identifier(wanted.role)
+    if role is not None and role.comment != wanted.marker:
+        plan.refusal = (
+            f"the role {wanted.role} exists and was not created for this resource "
+            f"(its comment is {role.comment!r}): choose another spec.role, or drop it"
+        )
+        return plan
+    missing = sorted(wanted.member_of - existing_roles)
+    if missing:
+        plan.refusal = f"spec.memberOf: no role {', '.join(missing)} in this instance"
+        return plan
+    if database is None and not wanted.own_database:
+        plan.refusal = f"spec.database: no database {wanted.database} in this instance"
+        return plan
+    if (
+        database is not None
+        and wanted.own_database
+        and database.owner != wanted.role
+        and database.comment != wanted.marker
+    ):
+        plan.refusal = (
+            f"spec.database: the database {wanted.database} exists, owned by {database.owner}; "
+            "ownDatabase takes only a database it created"
+        )
+        return plan
+    password = sql.Literal(wanted.password)
+    options = sql.SQL("LOGIN CONNECTION LIMIT {}").format(sql.Literal(wanted.connection_limit))
+    if role is None:
+        plan.statements += [
+            sql.SQL("CREATE ROLE {} WITH {} PASSWORD {}").format(
+                ident, options, sql.Literal(wanted.password)
+            ),
+            sql.SQL("COMMENT ON ROLE {} IS {}").format(ident, sql.Literal(wanted.marker)),
+        ]
+        plan.events.append(EventNote("Normal", "RoleCreated", f"role {wanted.role} created"))
+    else:
+        if not role.login or role.connection_limit != wanted.connection_limit:
+            plan.statements.append(sql.SQL("ALTER ROLE {} WITH {}").format(ident, options))
+        if wanted.password_changed:
+            plan.statements.append(sql.SQL("ALTER ROLE {} WITH PASSWORD {}").format(ident, password))
+            plan.events.append(
+                EventNote("Normal", "PasswordChanged", f"the password of {wanted.role} was set")
+            )
+    current = role.member_of if role else frozenset()
+    for grant in sorted(wanted.member_of - current):
+        plan.statements.append(sql.SQL("GRANT {} TO {}").format(sql.Identifier(grant), ident))
+    for revoke in sorted((wanted.granted_before & current) - wanted.member_of):
+        plan.statements.append(sql.SQL("REVOKE {} FROM {}").format(sql.Identifier(revoke), ident))
+    db = sql.Identifier(wanted.database)
+    if wanted.own_database and database is None:
+        plan.statements += [
+            sql.SQL("CREATE DATABASE {} OWNER {}").format(db, ident),
+            sql.SQL("COMMENT ON DATABASE {} IS {}").format(db, sql.Literal(wanted.marker)),
+        ]
+        plan.events.append(EventNote("Normal", "DatabaseCreated", f"database {wanted.database} created"))
+    elif wanted.own_database and database is not None and database.owner != wanted.role:
+        plan.statements.append(sql.SQL("ALTER DATABASE {} OWNER TO {}").format(db, ident))
+    elif not wanted.own_database:
+        plan.statements.append(sql.SQL("GRANT CONNECT ON DATABASE {} TO {}").format(db, ident))
+    return plan
+
+
+async def read_role(connection: AsyncConnection[Any], role: str) -> RoleFound | None:
+    row = await (
+        await connection.execute(
+            """select r.rolcanlogin, r.rolconnlimit, shobj_description(r.oid, 'pg_authid'),
+                      array(select g.rolname from pg_auth_members m join pg_roles g on g.oid = m.roleid
+                            where m.member = r.oid)
+               from pg_roles r where r.rolname = %s""",
+            (role,),
+        )
+    ).fetchone()
+    return RoleFound(row[0], row[1], row[2], frozenset(row[3])) if row else None
+
+
+async def read_database(connection: AsyncConnection[Any], database: str) -> DatabaseFound | None:
+    row = await (
+        await connection.execute(
+            """select pg_get_userbyid(d.datdba), shobj_description(d.oid, 'pg_database')
+               from pg_database d where d.datname = %s""",
+            (database,),
+        )
+    ).fetchone()
+    return DatabaseFound(row[0], row[1]) if row else None
+
+
+async def primary_address(client: AsyncClient, instance: dict[str, Any]) -> str | None:
+    """The primary's pod IP, when a primary is settled and its pod ready."""
+    status = instance.get("status") or {}
+    primary = status.get("currentPrimary")
+    if not primary or status.get("targetPrimary"):
+        return None
+    pod = await get_or_none(client, Pod, primary, instance["metadata"]["namespace"])
+    if pod is None or (pod.get("metadata") or {}).get("labels", {}).get("statefleet.dev/role") != "primary":
+        return None
+    return (pod.get("status") or {}).get("podIP")
+
+
+def generated_secret(body: dict[str, Any], name: str, role: str) -> Secret:
+    meta = body["metadata"]
+    return Secret(
+        metadata=ObjectMeta(
+            name=name,
+            namespace=meta["namespace"],
+            labels={LABEL_MANAGED_BY: MANAGER, LABEL_PART_OF: "statefleet"},
+            ownerReferences=[
+                {
+                    "apiVersion": API_VERSION,
+                    "kind": "PostgresUser",
+                    "name": meta["name"],
+                    "uid": meta["uid"],
+                    "controller": True,
+                    "blockOwnerDeletion": True,
+                }
+            ],
+        ),
+        stringData={"username": role, "password": secrets.token_urlsafe(24)},
+    )
+
+
+class PostgresUserKind(InServiceKind):
+    kind = "PostgresUser"
+    plural = "postgresusers"
+    short_names = ("pguser",)
+    spec_model = PostgresUserSpec
+
+    def __init__(self, servers: Servers, instances: Any) -> None:
+        self.servers = servers  # the instances' superusers
+        self.instances = instances  # the Postgres resource class
+
+    async def _instance(
+        self, client: AsyncClient, namespace: str, spec: PostgresUserSpec
+    ) -> tuple[dict[str, Any] | None, str | None]:
+        instance = await get_or_none(client, self.instances, spec.instance, namespace)
+        return instance, (await primary_address(client, instance) if instance else None)
+
+    async def reconcile(self, client: AsyncClient, body: dict[str, Any], spec: PostgresUserSpec) -> Outcome:
+        meta = body["metadata"]
+        namespace, name = meta["namespace"], meta["name"]
+        status = body.get("status") or {}
+        try:
+            role = role_name(name, spec)
+        except ValueError as error:
+            return Outcome(False, "InvalidSpec", str(error))
+        database = database_name(role, spec)
+        secret_name = spec.password_secret or f"{name}-credentials"
+        depends = frozenset({Ref("Postgres", spec.instance), Ref("Secret", secret_name)})
+        instance, address = await self._instance(client, namespace, spec)
+        if instance is None:
+            return Outcome(
+                False,
+                "InstanceNotFound",
+                f"spec.instance: Postgres {spec.instance} does not exist in namespace {namespace}",
+                depends_on=depends,
+            )
+        if address is None:
+            return Outcome(
+                False,
+                "InstanceNotReady",
+                f"Postgres {spec.instance} has no ready primary yet",
+                depends_on=depends,
+                retry_in=5,
+            )
+        secret = await get_or_none(client, Secret, secret_name, namespace)
+        if secret is None and spec.password_secret:
+            return Outcome(
+                False,
+                "SecretNotFound",
+                f"spec.passwordSecret: Secret {secret_name} does not exist in namespace {namespace}",
+                depends_on=depends,
+                retry_in=10,  # a user's own Secret is not watched
+            )
+        if secret is None:
+            secret = (await client.create(generated_secret(body, secret_name, role))).to_dict()
+        password = base64.b64decode((secret.get("data") or {}).get("password", "")).decode()
+        if not password:
+            return Outcome(
+                False,
+                "SecretInvalid",
+                f"spec.passwordSecret: Secret {secret_name} has no `password` entry, or an empty one",
+                depends_on=depends,
+                retry_in=10,
+            )
+        version = f"{secret['metadata']['uid']}/{secret['metadata']['resourceVersion']}"
+        wanted = Wanted(
+            role=role,
+            marker=marker(namespace, name),
+            database=database,
+            own_database=spec.own_database,
+            member_of=frozenset(spec.member_of),
+            connection_limit=spec.connection_limit,
+            password=password,
+            password_changed=status.get("passwordVersion") != version,
+            granted_before=frozenset(status.get("memberOf") or []),
+        )
+        async with await self.servers.connect(
+            client, namespace, spec.instance, address, statement_timeout=STATEMENT_TIMEOUT
+        ) as connection:
+            found = await read_role(connection, role)
+            database_found = await read_database(connection, database)
+            existing = await (
+                await connection.execute(
+                    "select rolname from pg_roles where rolname = any(%s)", (list(wanted.member_of),)
+                )
+            ).fetchall()
+            planned = plan_role(wanted, found, database_found, frozenset(r[0] for r in existing))
+            if planned.refusal:
+                return Outcome(False, "Refused", planned.refusal, depends_on=depends)
+            for statement in planned.statements:
+                await connection.execute(statement)
+        where = f" with its own database {database}" if spec.own_database else f", database {database}"
+        return Outcome(
+            True,
+            "Reconciled",
+            f"role {role} in Postgres {spec.instance}{where}; password from Secret {secret_name}",
+            fields={
+                "role": role,
+                "database": database,
+                "secret": secret_name,
+                "passwordVersion": version,
+                "memberOf": sorted(wanted.member_of),
+            },
+            depends_on=depends,
+            events=tuple(planned.events),
+        )
+
+    async def finalize(self, client: AsyncClient, body: dict[str, Any], spec: PostgresUserSpec) -> Outcome:
+        meta = body["metadata"]
+        namespace, name = meta["namespace"], meta["name"]
+        role = (body.get("status") or {}).get("role")
+        if spec.deletion_policy == DeletionPolicy.RETAIN or not role:
+            return Outcome(True, "Retained", f"role {role or '(never created)'} kept (deletionPolicy)")
+        instance, address = await self._instance(client, namespace, spec)
+        if instance is None:
+            return Outcome(True, "InstanceGone", f"Postgres {spec.instance} is gone, and its role {role}")
+        if address is None:
+            return Outcome(
+                False,
+                "DeletionBlocked",
+                f"waiting for a ready primary of Postgres {spec.instance} to drop the role {role}",
+                depends_on=frozenset({Ref("Postgres", spec.instance)}),
+                retry_in=5,
+            )
+        ident = sql.Identifier(role)
+        async with await self.servers.connect(
+            client, namespace, spec.instance, address, statement_timeout=STATEMENT_TIMEOUT
+        ) as connection:
+            found = await read_role(connection, role)
+            if found is None or found.comment != marker(namespace, name):
+                return Outcome(True, "Dropped", f"role {role} is not there, or not this resource's")
+            databases = await (
+                await connection.execute("select datname from pg_database where datallowconn order by 1")
+            ).fetchall()
+        for (database,) in databases:
+            async with await self.servers.connect(
+                client,
+                namespace,
+                spec.instance,
+                address,
+                dbname=database,
+                statement_timeout=STATEMENT_TIMEOUT,
+            ) as connection:
+                await connection.execute(sql.SQL("REASSIGN OWNED BY {} TO postgres").format(ident))
+                await connection.execute(sql.SQL("DROP OWNED BY {}").format(ident))
+        async with await self.servers.connect(
+            client, namespace, spec.instance, address, statement_timeout=STATEMENT_TIMEOUT
+        ) as connection:
+            await connection.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(ident))
+        return Outcome(True, "Dropped", f"role {role} dropped from Postgres {spec.instance}")
+
+    def status_properties(self) -> dict[str, Any]:
+        return {
+            "role": {"type": "string"},
+            "database": {"type": "string"},
+            "secret": {"type": "string", "description": "the Secret with the role's password"},
+            "passwordVersion": {"type": "string", "description": "the Secret's version last applied"},
+            "memberOf": {"type": "array", "items": {"type": "string"}},
+        }
+
+    def printer_columns(self) -> list[dict[str, Any]]:
+        columns = super().printer_columns()
+        columns[0:0] = [
+            {"name": "Instance", "type": "string", "jsonPath": ".spec.instance"},
+            {"name": "Role", "type": "string", "jsonPath": ".status.role"},
+            {"name": "Database", "type": "string", "jsonPath": ".status.database"},
+        ]
+        return columns

@@ -1,0 +1,71 @@
+"""The CA and server certificates of instances: issued, kept while good, renewed in time."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from cryptography import x509
+
+from framework.certificates import SERVER_RENEW_BEFORE, plan_tls, service_hosts
+
+pytestmark = pytest.mark.unit
+
+NOW = datetime(2026, 11, 30, tzinfo=UTC)
+HOSTS = service_hosts(["demo-rw", "demo-ro"], "apps", pods_of="demo")
+
+
+def names(pem: str) -> list[str]:
+    cert = x509.load_pem_x509_certificate(pem.encode())
+    return cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(
+        x509.DNSName
+    )
+
+
+def test_a_new_instance_gets_a_ca_and_a_server_certificate_for_its_names() -> None:
+    planned = plan_tls(None, None, HOSTS, NOW)
+    assert planned.ca is not None
+    assert planned.server is not None
+    assert "demo-rw.apps.svc" in names(planned.server["tls.crt"])
+    assert "*.demo.apps.svc" in names(planned.server["tls.crt"])
+    assert planned.server["ca.crt"] == planned.ca["ca.crt"]
+    server = x509.load_pem_x509_certificate(planned.server["tls.crt"].encode())
+    server.verify_directly_issued_by(x509.load_pem_x509_certificate(planned.ca["ca.crt"].encode()))
+    assert planned.not_after == server.not_valid_after_utc
+
+
+def test_good_certificates_are_kept_and_renewed_before_they_expire() -> None:
+    first = plan_tls(None, None, HOSTS, NOW)
+    kept = plan_tls(first.ca, first.server, HOSTS, NOW + timedelta(days=10))
+    assert (kept.ca, kept.server) == (None, None)
+    assert first.not_after is not None
+    late = first.not_after - SERVER_RENEW_BEFORE + timedelta(hours=1)
+    renewed = plan_tls(first.ca, first.server, HOSTS, late)
+    assert renewed.ca is None  # the same CA: clients keep verifying
+    assert renewed.server is not None
+    assert renewed.reason.startswith("the server certificate expires on")
+    assert renewed.not_after is not None
+    assert renewed.not_after > first.not_after
+
+
+def test_a_missing_or_foreign_server_certificate_or_new_names_are_reissued() -> None:
+    first = plan_tls(None, None, HOSTS, NOW)
+    assert plan_tls(first.ca, None, HOSTS, NOW).reason == "the server certificate was missing"
+    other = plan_tls(None, None, HOSTS, NOW)
+    assert plan_tls(first.ca, other.server, HOSTS, NOW).reason == "the server certificate is not the CA's"
+    more = [*HOSTS, "demo-extra"]
+    assert (
+        plan_tls(first.ca, first.server, more, NOW).reason
+        == "the names the server certificate must carry changed"
+    )
+
+
+def test_a_renewed_ca_is_published_beside_the_old_one() -> None:
+    first = plan_tls(None, None, HOSTS, NOW)
+    assert first.ca is not None
+    later = NOW + timedelta(days=3650 - 300)
+    renewed = plan_tls(first.ca, first.server, HOSTS, later)
+    assert renewed.reason == "the CA expires soon"
+    assert renewed.ca is not None
+    assert renewed.ca["ca.crt"].count("BEGIN CERTIFICATE") == 2
+    assert renewed.ca["ca.crt"].endswith(first.ca["ca.crt"])
