@@ -145,6 +145,21 @@ def test_create_scale_update_and_delete(kube: Client, namespace: str, operator: 
         assert postgres.resources.requests == resources["requests"], pod.metadata.name
         assert postgres.resources.limits == resources["limits"], pod.metadata.name
 
+    # Scale 3 -> 2: the highest ordinal goes (never the primary), the data stays.
+    patch_spec(kube, namespace, "demo", {"instances": 2})
+    wait_until(
+        "2 instances",
+        lambda: (
+            len(list(kube.list(Pod, namespace=namespace, labels={"app.kubernetes.io/instance": "demo"}))) == 2
+        ),
+        timeout=120,
+    )
+    status = wait_ready(kube, namespace, "demo", 2)
+    assert status["instances"] == "2/2"
+    assert status["currentPrimary"] in ("demo-0", "demo-1")
+    assert query(kube, namespace, "demo-rw", "select count(*) from orders") == 2
+    assert query(kube, namespace, "demo-rw", "select count(*) from pg_stat_replication") == 1
+
     # Deleting the Postgres removes every child but keeps the volumes (deletionPolicy Retain).
     claims = {c.metadata.name for c in kube.list(PersistentVolumeClaim, namespace=namespace)}
     assert claims == {"data-demo-0", "data-demo-1", "data-demo-2"}

@@ -8,6 +8,7 @@ import base64
 import socket
 import ssl
 import struct
+import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -63,10 +64,19 @@ def secret_data(kube: Client, namespace: str, name: str) -> dict[str, str]:
 
 
 def login(kube: Client, namespace: str, user: str, password: str, database: str) -> psycopg.Connection:
+    """As the application would; retried while `demo-rw` has no endpoint yet (kube-proxy follows
+    a pod that just turned Ready within a second or two), never on a refused password."""
     host = kube.get(Service, "demo-rw", namespace=namespace).spec.clusterIP
-    return psycopg.connect(
-        host=host, user=user, password=password, dbname=database, connect_timeout=5, autocommit=True
-    )
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            return psycopg.connect(
+                host=host, user=user, password=password, dbname=database, connect_timeout=5, autocommit=True
+            )
+        except psycopg.OperationalError as error:
+            if "Connection refused" not in str(error) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
 
 
 def roles(kube: Client, namespace: str) -> set[str]:

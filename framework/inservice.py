@@ -164,10 +164,9 @@ class InServiceController:
             async def other_changed(body: dict[str, Any], kind: str = kind, **_: Any) -> None:
                 await self._dependency_changed(kind, body["metadata"]["namespace"], body["metadata"]["name"])
 
-            api = resource._api_info.resource
-            kopf.on.event(api.group, api.version, api.name, id=f"inservice-dependency-{api.name}")(
-                other_changed
-            )
+            info = resource._api_info
+            api, plural = info.resource, info.plural
+            kopf.on.event(api.group, api.version, plural, id=f"inservice-dependency-{plural}")(other_changed)
 
         async def secret_changed(body: dict[str, Any], **_: Any) -> None:
             await self._dependency_changed("Secret", body["metadata"]["namespace"], body["metadata"]["name"])
