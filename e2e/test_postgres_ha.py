@@ -273,6 +273,45 @@ def test_a_parameter_rollout_updates_the_standbys_first_and_the_primary_last(
     assert pause < 30
 
 
+def test_a_standby_that_lost_the_wal_it_needs_is_cloned_again(
+    kube: Client, namespace: str, operator: OperatorProcess
+) -> None:
+    """Frozen while the primary writes and recycles its WAL, a standby cannot follow once it
+    thaws: restarted once (30 s without streaming), then cloned afresh (30 s more)."""
+    small_wal = {"wal_keep_size": "16MB", "max_wal_size": "64MB", "min_wal_size": "32MB"}
+    create(kube, namespace, "demo", {**SPEC, "parameters": small_wal})
+    primary = wait_ready(kube, namespace, "demo", 3, timeout=240)["currentPrimary"]
+    wait_whole(kube, namespace)
+    standby = next(f"demo-{i}" for i in range(3) if f"demo-{i}" != primary)
+    execute(kube, namespace, "demo-rw", "create table filler(x text)")
+    frozen = node.freezer(kube.get(Pod, standby, namespace=namespace).metadata.uid)
+    node.freeze(frozen)
+    try:
+        for _ in range(4):  # about 120 MB of WAL; each checkpoint recycles what is past 16 MB
+            execute(
+                kube,
+                namespace,
+                "demo-rw",
+                "insert into filler select repeat('x', 1000) from generate_series(1, 30000)",
+            )
+            execute(kube, namespace, "demo-rw", "checkpoint")
+    finally:
+        node.thaw(frozen)
+    wait_until("Recloning", lambda: events(kube, namespace, "Recloning"), timeout=180, interval=2)
+    assert events(kube, namespace, "Rejoining"), "a restart comes first"
+    wait_whole(kube, namespace, timeout=300)
+    ip = kube.get(Pod, standby, namespace=namespace).status.podIP
+    with connect(kube, namespace, "demo-rw", "demo-superuser") as conn:
+        password = conn.info.password
+    with psycopg.connect(
+        host=ip, user="postgres", password=password, dbname="postgres", connect_timeout=5
+    ) as conn:
+        assert conn.execute("select count(*) from filler").fetchone() == (120000,)
+    wait_until(
+        "the standby forgotten as rejoining", lambda: not status_of(kube, namespace).get("rejoins"), 30
+    )
+
+
 def test_synchronous_commits_survive_a_failover(
     kube: Client, namespace: str, operator: OperatorProcess
 ) -> None:

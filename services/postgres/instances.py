@@ -30,6 +30,7 @@ log = logging.getLogger("statefleet")
 PROBE_TIMEOUT = 1.0
 CHECKPOINT_TIMEOUT = 120.0  # a rollout's hook waits this long at most; the shutdown does the rest
 PROMOTE_TIMEOUT = 35.0  # pg_promote waits up to 30 s for the end of recovery
+RECLONE_MARK = "/var/lib/postgresql/data/statefleet-reclone"  # in the volume, beside PGDATA
 PROBE = """
 select pg_is_in_recovery(),
        case when pg_is_in_recovery()
@@ -145,6 +146,20 @@ class Servers:
                 await connection.execute("select pg_reload_conf()")
         except (OSError, TimeoutError, psycopg.Error) as error:
             log.info("could not reload the server at %s: %s", ip, error or type(error).__name__)
+
+    async def mark_for_reclone(self, client: AsyncClient, observed: Observed, ip: str, reason: str) -> None:
+        """The start script's cue (see the ConfigMap): written by the server itself, which may
+        write files where its data lives; COPY TO is allowed on a standby."""
+        try:
+            async with (
+                asyncio.timeout(PROBE_TIMEOUT * 3),
+                await self.connect(client, observed.namespace, observed.name, ip) as connection,
+            ):
+                await connection.execute(
+                    sql.SQL("copy (select {}) to {}").format(sql.Literal(reason), sql.Literal(RECLONE_MARK))
+                )
+        except (OSError, TimeoutError, psycopg.Error) as error:
+            log.info("could not mark the standby at %s for a clone: %s", ip, error or type(error).__name__)
 
     async def checkpoint(self, client: AsyncClient, namespace: str, name: str, ip: str) -> bool:
         """A checkpoint on the server at `ip` if it is a primary; whether there was one."""

@@ -32,6 +32,7 @@ from services.postgres.primary import (
     Facts,
     PrimaryInput,
     Promote,
+    Reclone,
     Repoint,
     RestartPod,
     ordinal,
@@ -250,6 +251,8 @@ class PostgresPlugin(ServicePlugin):
             "targetPrimary": planned.target,
             "failover": planned.failover,
         }
+        if planned.rejoins is not None or observed.status.get("rejoins"):
+            status["rejoins"] = planned.rejoins
         if planned.switchover_done or planned.rollout_switchover_done:
             served = {"served": planned.switchover_done, "rolloutServed": planned.rollout_switchover_done}
             status["switchover"] = {**switchovers, **{k: v for k, v in served.items() if v}}
@@ -330,6 +333,11 @@ class PostgresPlugin(ServicePlugin):
             if ip is None:
                 raise RuntimeError(f"cannot promote {action.pod}: its pod has no IP")
             await SERVERS.promote(client, observed, ip)
+        elif isinstance(action, Reclone):
+            ip = ips.get(action.pod)
+            if ip is not None:
+                await SERVERS.mark_for_reclone(client, observed, ip, action.reason)
+            await self.perform(client, observed, RestartPod(action.pod, action.reason))
         elif isinstance(action, RestartPod):
             try:
                 await client.delete(Pod, action.pod, namespace=observed.namespace)
@@ -407,6 +415,11 @@ class PostgresPlugin(ServicePlugin):
                 },
             },
             "superuserSecret": {"type": "string"},
+            "rejoins": {
+                "type": "object",
+                "description": "standbys restarted because they stopped following: restarts so far",
+                "additionalProperties": {"type": "integer"},
+            },
             "tlsReloadedAtSeconds": {
                 "type": "number",
                 "description": "servers reloaded for a new certificate",

@@ -86,7 +86,17 @@ class Repoint:
     primary: str
 
 
-Action = Promote | RestartPod | Repoint
+@dataclass(frozen=True)
+class Reclone:
+    """Leave a mark in the pod's volume, then delete the pod: its start script moves the data
+    aside and clones the primary afresh (a standby that lost the WAL it needs never catches
+    up by restarting)."""
+
+    pod: str
+    reason: str
+
+
+Action = Promote | RestartPod | Repoint | Reclone
 
 
 @dataclass
@@ -100,6 +110,7 @@ class PrimaryPlan:
     switchover_done: str | None = None  # the switchover request now served (status.switchover.served)
     rollout_switchover_done: str | None = None  # status.switchover.rolloutServed
     probe_again: float | None = None  # seconds until a fresh probe is needed
+    rejoins: dict[str, int] | None = None  # status.rejoins: restarts of standbys that did not follow
 
 
 @dataclass(frozen=True)
@@ -248,6 +259,9 @@ def _keep_healthy(observed: PrimaryInput, plan: PrimaryPlan, current: Member) ->
     """The primary serves: fence any other server that answers as a primary, rejoin standbys
     that stopped following, and serve a switchover request."""
     primary = current.pod
+    rejoins = {
+        pod: int(n) for pod, n in (observed.status.get("rejoins") or {}).items() if pod in observed.members
+    }
     for member in observed.members.values():
         if member.pod == primary or member.terminating:
             continue
@@ -265,15 +279,25 @@ def _keep_healthy(observed: PrimaryInput, plan: PrimaryPlan, current: Member) ->
             and member.not_streaming_since is not None
             and observed.monotonic - member.not_streaming_since > REJOIN_AFTER
         ):
-            plan.actions.append(RestartPod(member.pod, "it stopped following the primary"))
-            plan.events.append(
-                (
-                    "Warning",
-                    "Rejoining",
-                    f"{member.pod} has not streamed from {primary} for {REJOIN_AFTER:.0f} s: restarted to "
-                    "rewind or re-clone it",
+            tries = rejoins.get(member.pod, 0)
+            rejoins[member.pod] = tries + 1
+            silent = f"{member.pod} has not streamed from {primary} for {REJOIN_AFTER:.0f} s"
+            if tries == 0:
+                plan.actions.append(RestartPod(member.pod, "it stopped following the primary"))
+                plan.events.append(("Warning", "Rejoining", f"{silent}: restarted to rewind it"))
+            else:
+                # A restart did not help: it lacks WAL the primary no longer has.
+                plan.actions.append(Reclone(member.pod, "it did not follow the primary after a restart"))
+                plan.events.append(
+                    (
+                        "Warning",
+                        "Recloning",
+                        f"{silent}, after {tries} restart(s): cloned again from {primary}",
+                    )
                 )
-            )
+        elif member.standby and member.facts is not None and member.facts.streaming:
+            rejoins.pop(member.pod, None)  # following again
+    plan.rejoins = rejoins or None
     if ordinal(primary) >= observed.instances:
         # Scaling down removes the highest ordinals: the primary moves first.
         staying = most_advanced([m for m in observed.members.values() if ordinal(m.pod) < observed.instances])

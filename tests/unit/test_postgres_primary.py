@@ -15,6 +15,7 @@ from services.postgres.primary import (
     Member,
     PrimaryInput,
     Promote,
+    Reclone,
     Repoint,
     RestartPod,
     format_lsn,
@@ -387,3 +388,19 @@ def test_a_rollouts_request_for_a_pod_that_is_no_ready_standby_is_refused_and_ma
     assert plan.target is None
     assert plan.rollout_switchover_done == "demo-0@rev2"  # the rollout's hook lets it go on
     assert plan.events[0][1] == "SwitchoverRefused"
+
+
+def test_a_standby_still_not_following_after_its_restart_is_cloned_again() -> None:
+    lagging = member("demo-1", standby(streaming=False), not_streaming_since=CLOCK - REJOIN_AFTER - 1)
+    first = plan_primary(observe(member("demo-0", primary()), lagging))
+    assert first.rejoins == {"demo-1": 1}
+    # Its new life does not stream either (the WAL it needs is gone from the primary).
+    again = plan_primary(observe(member("demo-0", primary()), lagging, status={"rejoins": first.rejoins}))
+    assert again.actions == [Reclone("demo-1", "it did not follow the primary after a restart")]
+    assert again.events[0][1] == "Recloning"
+    assert again.rejoins == {"demo-1": 2}
+    # Streaming again: forgotten.
+    following = member("demo-1", standby(streaming=True))
+    done = plan_primary(observe(member("demo-0", primary()), following, status={"rejoins": again.rejoins}))
+    assert done.rejoins is None
+    assert done.actions == []
