@@ -218,7 +218,8 @@ def test_postgres_user_lifecycle(kube: Client, namespace: str, operator: Operato
         except psycopg.OperationalError:
             return False
 
-    wait_until("the edited password logs in", new_password_works, timeout=30)
+    # Secrets are not watched: the next look at every user (each minute) applies it.
+    wait_until("the edited password logs in", new_password_works, timeout=90, interval=2)
     with pytest.raises(psycopg.OperationalError, match="password authentication failed"):
         login(kube, namespace, "reporting", password, "reporting")
 
@@ -256,6 +257,19 @@ def test_postgres_user_lifecycle(kube: Client, namespace: str, operator: Operato
     assert "the role intruder exists and was not created for this resource" in message
     with pytest.raises(ApiError, match="server's own"):
         apply(kube, PostgresUser, namespace, "sneaky", {"instance": "demo", "role": "postgres"})
+    with pytest.raises(ApiError, match="memberOf may not grant the superuser's powers"):
+        apply(
+            kube,
+            PostgresUser,
+            namespace,
+            "sneaky",
+            {"instance": "demo", "memberOf": ["pg_read_server_files"]},
+        )
+    # A role with a superuser's powers, made by hand, is refused by the operator itself.
+    execute(kube, namespace, "demo-rw", "create role admins superuser")
+    apply(kube, PostgresUser, namespace, "climber", {"instance": "demo", "memberOf": ["admins"]})
+    message = wait_reason(kube, PostgresUser, namespace, "climber", "Refused")
+    assert message.startswith("spec.memberOf: admins would give this role powers")
 
     # Deleting drops the role; what it owned (its database, the table) goes to postgres.
     kube.delete(PostgresUser, "reporting", namespace=namespace)

@@ -12,6 +12,10 @@ from lightkube import Client
 
 from e2e.test_postgres import connect
 
+INSERT = (
+    "insert into ticks values (%s) returning inet_server_addr()::text || '@' || pg_postmaster_start_time()"
+)
+
 
 class Writer:
     """Commits 1, 2, 3 ... into `ticks`, one row per transaction, through `demo-rw`, as a
@@ -20,6 +24,7 @@ class Writer:
     def __init__(self, kube: Client, namespace: str) -> None:
         self.kube, self.namespace = kube, namespace
         self.acknowledged: list[tuple[int, float]] = []
+        self.servers: list[str] = []  # beside each acknowledged commit: the server life that took it
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -30,10 +35,16 @@ class Writer:
         self._stop.set()
         self._thread.join(timeout=30)
 
-    def first_after(self, moment: float) -> float | None:
+    def first_after(self, moment: float, not_by: str | None = None) -> float | None:
+        """When the first commit after `moment` was acknowledged, by a server life other than
+        `not_by` (a killed server's backends may still acknowledge a commit or two)."""
         if not self._thread.is_alive():
             raise RuntimeError("the writer stopped (see the traceback above)")
-        return next((at for _, at in self.acknowledged if at > moment), None)
+        pairs = zip(self.acknowledged, self.servers, strict=False)
+        return next((at for (_, at), server in pairs if at > moment and server != not_by), None)
+
+    def last_server(self) -> str | None:
+        return self.servers[-1] if self.servers else None
 
     def _run(self) -> None:
         # Where and who, read once: the writer thread makes no API request of its own.
@@ -52,8 +63,10 @@ class Writer:
                 with psycopg.connect(**where, autocommit=True) as conn:
                     conn.execute("set statement_timeout = '5s'")
                     while not self._stop.is_set():
-                        conn.execute("insert into ticks values (%s)", (value,))
+                        # Which server acknowledged it: its address and the start of its life.
+                        row = conn.execute(INSERT, (value,)).fetchone()
                         self.acknowledged.append((value, time.monotonic()))
+                        self.servers.append(row[0] if row else "")
                         value += 1
             except psycopg.Error:
                 time.sleep(0.05)  # a client's quick retry

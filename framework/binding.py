@@ -146,7 +146,7 @@ class ServiceBindingKind(InServiceKind):
             return Outcome(False, "UserNotReady", f"{user_kind.kind} {name}: {why}", depends_on=waiting)
         credentials_name = user["status"].get("secret", "")
         credentials = await get_or_none(client, Secret, credentials_name, namespace)
-        depends = frozenset({service_ref, user_ref, Ref("Secret", credentials_name)})
+        depends = frozenset({service_ref, user_ref})
         if credentials is None:
             return Outcome(
                 False,
@@ -166,7 +166,6 @@ class ServiceBindingKind(InServiceKind):
         ca = None
         if plugin.tls_hosts(spec.service.name, namespace):
             tls_name = f"{spec.service.name}-{TLS_SERVER}"
-            depends |= {Ref("Secret", tls_name)}  # a renewed CA reaches the application
             tls = await get_or_none(client, Secret, tls_name, namespace)
             if tls is None:
                 return Outcome(

@@ -80,7 +80,7 @@ def issue_server(ca: dict[str, str], hosts: list[str], now: datetime) -> dict[st
     key = ec.generate_private_key(ec.SECP256R1())
     cert = (
         x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, hosts[0])]))
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, hosts[0][:64])]))
         .issuer_name(ca_cert.subject)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
@@ -123,11 +123,16 @@ def plan_tls(
     """What to issue. `ca`/`server`: the Secrets' data as they are (None: missing)."""
     new_ca = None
     try:
-        ca_cert = _first_cert(ca["ca.crt"]) if ca and ca.get("ca.key") else None
+        ca_cert = _first_cert(ca["ca.crt"]) if ca and ca.get("ca.key") and ca.get("ca.crt") else None
+        if ca_cert is not None:  # its key must be one this module can sign with
+            assert ca is not None
+            key = serialization.load_pem_private_key(ca["ca.key"].encode(), password=None)
+            if not isinstance(key, ec.EllipticCurvePrivateKey):
+                ca_cert = None
     except ValueError:
         ca_cert = None
     if ca_cert is None or ca_cert.not_valid_after_utc - now < CA_RENEW_BEFORE:
-        new_ca = issue_ca(f"statefleet {hosts[0].split('.', 1)[0]} CA", now)
+        new_ca = issue_ca("statefleet instance CA", now)  # a CN is at most 64 characters
         if ca_cert is not None and ca_cert.not_valid_after_utc > now:
             # Clients that verify with the old CA keep working until they read the new one.
             new_ca["ca.crt"] += ca["ca.crt"]  # type: ignore[index]
@@ -136,7 +141,11 @@ def plan_tls(
         return TlsPlan(new_ca, issued, reason, _first_cert(issued["tls.crt"]).not_valid_after_utc)
     assert ca is not None
     try:
-        cert = _first_cert(server["tls.crt"]) if server and server.get("tls.key") else None
+        cert = (
+            _first_cert(server["tls.crt"])
+            if server and server.get("tls.key") and server.get("tls.crt")
+            else None
+        )
     except ValueError:
         cert = None
     if cert is None:

@@ -28,14 +28,15 @@ from framework import conditions, crd
 from framework.api import about, post_event
 from framework.conditions import Condition
 from framework.crd import GROUP, VERSION
-from framework.plugin import LABEL_MANAGED_BY, MANAGER
 from framework.queue import WorkQueue
 from framework.reconcile import EventNote, describe_validation_error, status_changed, status_patch
 
 log = logging.getLogger("statefleet")
 
 FINALIZER = "statefleet.dev/in-service"
-RESYNC = 60.0  # seconds: drift no event announces (a role dropped by hand, a user's own Secret edited)
+# Seconds: what no event announces (a role dropped by hand, a password Secret edited). Secrets
+# are not watched: kopf filters labels on its side, so a watch would stream every Secret.
+RESYNC = 60.0
 
 
 @dataclass(frozen=True)
@@ -132,8 +133,7 @@ def transition_events(body: dict[str, Any], outcome: Outcome) -> list[EventNote]
 
 class InServiceController:
     def __init__(self, client: AsyncClient, kinds: list[InServiceKind], watched: dict[str, Any]) -> None:
-        """`watched`: kind -> lightkube resource class of the kinds `Ref`s may name (besides
-        these kinds and Secrets)."""
+        """`watched`: kind -> lightkube resource class of the kinds `Ref`s may name."""
         self.client = client
         self.kinds = {k.kind: k for k in kinds}
         self.resources = {k.kind: k.resource() for k in kinds}
@@ -151,9 +151,10 @@ class InServiceController:
             async def changed(body: dict[str, Any], kind: str = kind.kind, **_: Any) -> None:
                 meta = body["metadata"]
                 key = (kind, meta["namespace"], meta["name"])
-                if self._written.get(key) == meta.get("resourceVersion"):
-                    return  # the echo of our own status write
+                # Its own status write may be news to others (a binding waits for its user).
                 await self._dependency_changed(kind, meta["namespace"], meta["name"])
+                if self._written.get(key) == meta.get("resourceVersion"):
+                    return  # the echo of our own status write: nothing new for this object
                 await self.queue.process(key)
 
             kopf.on.event(GROUP, VERSION, kind.plural, id=f"inservice-{kind.plural}")(changed)
@@ -167,14 +168,6 @@ class InServiceController:
             info = resource._api_info
             api, plural = info.resource, info.plural
             kopf.on.event(api.group, api.version, plural, id=f"inservice-dependency-{plural}")(other_changed)
-
-        async def secret_changed(body: dict[str, Any], **_: Any) -> None:
-            await self._dependency_changed("Secret", body["metadata"]["namespace"], body["metadata"]["name"])
-
-        # Secrets the operator made (password Secrets); a user's own Secret is read on resync.
-        kopf.on.event("", "v1", "secrets", labels={LABEL_MANAGED_BY: MANAGER}, id="inservice-secrets")(
-            secret_changed
-        )
 
     async def _dependency_changed(self, kind: str, namespace: str, name: str) -> None:
         ref = Ref(kind, name)
@@ -204,6 +197,7 @@ class InServiceController:
             if error.status.code == 404:
                 self._depends.pop(key, None)
                 self._written.pop(key, None)
+                self.queue.forget(key)
                 return None
             raise
         meta = body["metadata"]
@@ -227,12 +221,14 @@ class InServiceController:
                     return None
             else:
                 if kind.finalizes and FINALIZER not in finalizers:
+                    # A JSON patch: a finalizer another controller adds meanwhile stays.
+                    add = (
+                        {"op": "add", "path": "/metadata/finalizers/-", "value": FINALIZER}
+                        if finalizers
+                        else {"op": "add", "path": "/metadata/finalizers", "value": [FINALIZER]}
+                    )
                     await self.client.patch(
-                        resource,
-                        name,
-                        {"metadata": {"finalizers": [*finalizers, FINALIZER]}},
-                        namespace=namespace,
-                        patch_type=PatchType.MERGE,
+                        resource, name, [add], namespace=namespace, patch_type=PatchType.JSON
                     )
                 outcome = await kind.reconcile(self.client, body, spec)
         except Exception as error:

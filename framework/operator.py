@@ -101,9 +101,11 @@ class Operator:
             if secret is not None:
                 secrets[generated.suffix] = secret
         if plugin.tls_hosts(name, namespace):
-            # Read on resyncs: a certificate is renewed weeks before it expires.
+            # Read on resyncs (a certificate is renewed weeks before it expires), and until the
+            # status shows them made (an instance from before TLS gets them at once).
+            issued = bool((body.get("status") or {}).get("tls"))
             for suffix in (TLS_CA, TLS_SERVER):
-                if not thorough and applied_before:
+                if not thorough and applied_before and issued:
                     secrets[suffix] = {}
                     continue
                 secret = await get_or_none(self.client, Secret, f"{name}-{suffix}", namespace)

@@ -195,8 +195,13 @@ def plan_instance_tls(
     ca, server = observed.secrets.get(TLS_CA), observed.secrets.get(TLS_SERVER)
     if not hosts or (ca == {} and server == {}):  # not read on this pass
         return InstanceTls()
-    planned = plan_tls(_decoded(ca), _decoded(server), hosts, datetime.fromtimestamp(now, UTC))
     result = InstanceTls()
+    try:
+        planned = plan_tls(_decoded(ca), _decoded(server), hosts, datetime.fromtimestamp(now, UTC))
+    except Exception as error:  # never let certificates stop the rest (a failover) of the pass
+        message = f"the certificates could not be checked or issued: {type(error).__name__}: {error}"
+        result.events.append(EventNote("Warning", "CertificateFailed", message))
+        return result
     for suffix, data, type_ in (
         (TLS_CA, planned.ca, "Opaque"),
         (TLS_SERVER, planned.server, "kubernetes.io/tls"),

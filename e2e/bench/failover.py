@@ -43,25 +43,33 @@ def primary_pod(kube: Client, namespace: str) -> Any:
 
 def measure(
     kube: Client, namespace: str, writer: Writer, runs: int, disrupt: Callable[[], None]
-) -> tuple[list[float], int, int]:
-    """Write pauses, acknowledged commits lost, and how many runs moved the primary."""
-    pauses, lost, moved = [], 0, 0
+) -> tuple[list[float], int, int, int]:
+    """Write pauses (from the disruption to the first commit the new primary acknowledged),
+    acknowledged commits lost, how many of those the dying server acknowledged after the
+    disruption, and how many runs moved the primary."""
+    pauses, lost, late, moved = [], 0, 0, 0
     for _ in range(runs):
         healthy(kube, namespace)
         time.sleep(2)  # the writer is in its stride
         before = primary_pod(kube, namespace).metadata.name
+        old_server = writer.last_server()
         disrupt()
         moment = time.monotonic()  # the server is dead, the pod deleted, or the request made
         resumed = wait_until(
-            "a commit after the failure", lambda moment=moment: writer.first_after(moment), 120, interval=0.1
+            "a commit by the new primary",
+            lambda moment=moment, old=old_server: writer.first_after(moment, not_by=old),
+            120,
+            interval=0.1,
         )
         pauses.append(resumed - moment)
         healthy(kube, namespace)
         moved += primary_pod(kube, namespace).metadata.name != before
         acknowledged = {value for value, at in writer.acknowledged if at < resumed}
         present = {row[0] for row in rows(kube, namespace)}
-        lost += len(acknowledged - present)
-    return pauses, lost, moved
+        missing = acknowledged - present
+        lost += len(missing)
+        late += len({value for value, at in writer.acknowledged if value in missing and at >= moment})
+    return pauses, lost, late, moved
 
 
 def rows(kube: Client, namespace: str) -> list[tuple[int]]:
@@ -69,11 +77,12 @@ def rows(kube: Client, namespace: str) -> list[tuple[int]]:
         return conn.execute("select value from ticks").fetchall()
 
 
-def report(label: str, pauses: list[float], lost: int, moved: int) -> None:
+def report(label: str, pauses: list[float], lost: int, late: int, moved: int) -> None:
     print(
         f"  {label}: write pause median {statistics.median(pauses):.1f} s, max {max(pauses):.1f} s "
         f"over {len(pauses)} runs ({moved} moved the primary, {len(pauses) - moved} promoted it again "
-        f"in place); acknowledged commits lost: {lost}"
+        f"in place); acknowledged commits lost: {lost} ({late} of them acknowledged by the old "
+        "primary after the disruption)"
     )
 
 

@@ -251,8 +251,8 @@ class PostgresPlugin(ServicePlugin):
             "targetPrimary": planned.target,
             "failover": planned.failover,
         }
-        if planned.rejoins is not None or observed.status.get("rejoins"):
-            status["rejoins"] = planned.rejoins
+        if planned.rejoins is not None:
+            status["rejoins"] = planned.rejoins or None
         if planned.switchover_done or planned.rollout_switchover_done:
             served = {"served": planned.switchover_done, "rolloutServed": planned.rollout_switchover_done}
             status["switchover"] = {**switchovers, **{k: v for k, v in served.items() if v}}

@@ -110,7 +110,8 @@ class PrimaryPlan:
     switchover_done: str | None = None  # the switchover request now served (status.switchover.served)
     rollout_switchover_done: str | None = None  # status.switchover.rolloutServed
     probe_again: float | None = None  # seconds until a fresh probe is needed
-    rejoins: dict[str, int] | None = None  # status.rejoins: restarts of standbys that did not follow
+    # status.rejoins, restarts of standbys that did not follow; None: unchanged (not looked at)
+    rejoins: dict[str, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -259,8 +260,10 @@ def _keep_healthy(observed: PrimaryInput, plan: PrimaryPlan, current: Member) ->
     """The primary serves: fence any other server that answers as a primary, rejoin standbys
     that stopped following, and serve a switchover request."""
     primary = current.pod
-    rejoins = {
-        pod: int(n) for pod, n in (observed.status.get("rejoins") or {}).items() if pod in observed.members
+    rejoins = {  # a pod being replaced is missing for a moment: only ordinals scaled away go
+        pod: int(n)
+        for pod, n in (observed.status.get("rejoins") or {}).items()
+        if pod in observed.members or ordinal(pod) < observed.instances
     }
     for member in observed.members.values():
         if member.pod == primary or member.terminating:
@@ -297,7 +300,7 @@ def _keep_healthy(observed: PrimaryInput, plan: PrimaryPlan, current: Member) ->
                 )
         elif member.standby and member.facts is not None and member.facts.streaming:
             rejoins.pop(member.pod, None)  # following again
-    plan.rejoins = rejoins or None
+    plan.rejoins = rejoins
     if ordinal(primary) >= observed.instances:
         # Scaling down removes the highest ordinals: the primary moves first.
         staying = most_advanced([m for m in observed.members.values() if ordinal(m.pod) < observed.instances])
@@ -346,8 +349,9 @@ def _serve_switchover(
     if to == primary:
         plan.events.append(("Normal", "SwitchoverDone", f"{primary} is the primary already"))
         return DONE
-    if wanted is not None and wanted.ready and wanted.facts is None:
-        return WAIT  # the next probe says whether it is a standby
+    silent = wanted is not None and down(wanted, observed.monotonic) is not None
+    if wanted is not None and wanted.ready and wanted.facts is None and not silent:
+        return WAIT  # the next probe says whether it is a standby (a frozen one is refused)
     if wanted is None or not (wanted.standby and wanted.ready):
         plan.events.append(("Warning", "SwitchoverRefused", refusal))
         return DONE

@@ -1,11 +1,13 @@
 """`PostgresUser`: a role in a Postgres instance, optionally with a database of its own, its
 password in a Secret.
 
-Every pass reads what the server has and plans (pure, `plan_role`) only what differs, so a
-pass repeated creates nothing twice. Each role the operator creates carries a comment naming
-its resource (`statefleet:<namespace>/<name>`): a role someone else made is never taken over
-or dropped. A password Secret changed by hand is applied on the next pass (the Secrets the
-operator generates are watched; a Secret of the user's own within a minute).
+Every pass reads what the server has and plans (pure, `plan_role`) what differs (and a
+harmless `GRANT CONNECT`), so a pass repeated creates nothing twice. Each role the operator
+creates carries a comment naming its resource (`statefleet:<namespace>/<name>`): a role
+someone else made is never taken over or dropped, and memberships that would hand out a
+superuser's powers or another user's role are refused. A password Secret changed by hand
+is applied within a minute (every user is looked at again that often; Secrets are not
+watched, which would mean reading every Secret of the cluster).
 
 Deleting the resource drops the role after `REASSIGN OWNED` (what it owned, its database
 included, goes to `postgres`: no data is lost) and `DROP OWNED` in every database, unless
@@ -17,7 +19,7 @@ from __future__ import annotations
 import base64
 import re
 import secrets
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from lightkube import AsyncClient
@@ -35,6 +37,18 @@ from services.postgres.instances import Servers
 
 ROLE_PATTERN = re.compile(r"^[a-z_][a-z0-9_-]{0,62}$")
 RESERVED_ROLES = frozenset({"postgres", "streaming_replica", "public", "current_user", "session_user"})
+# Memberships that would hand out the superuser's powers: the superuser itself, replication,
+# and the predefined roles that read or write the server's files or run its programs (the
+# superuser's password is in the server's environment).
+FORBIDDEN_MEMBERSHIPS = frozenset(
+    {
+        "postgres",
+        "streaming_replica",
+        "pg_execute_server_program",
+        "pg_read_server_files",
+        "pg_write_server_files",
+    }
+)
 STATEMENT_TIMEOUT = 60.0  # seconds: CREATE DATABASE copies a template
 
 
@@ -46,6 +60,18 @@ class PostgresUserSpec(ApiModel):
                     "rule": "!has(self.role) || (!self.role.startsWith('pg_') && "
                     "!(self.role in ['postgres', 'streaming_replica', 'public']))",
                     "message": "role: postgres, streaming_replica, public and pg_* are the server's own",
+                },
+                {
+                    "rule": "has(self.role) == has(oldSelf.role) && "
+                    "(!has(self.role) || self.role == oldSelf.role)",
+                    "message": "role is immutable",
+                },
+                {
+                    "rule": "!has(self.memberOf) || self.memberOf.all(r, !(r in "
+                    + str(sorted(FORBIDDEN_MEMBERSHIPS)).replace("'", '"')
+                    + "))",
+                    "message": "memberOf may not grant the superuser's powers: "
+                    + ", ".join(sorted(FORBIDDEN_MEMBERSHIPS)),
                 },
             ]
         },
@@ -61,9 +87,6 @@ class PostgresUserSpec(ApiModel):
         default=None,
         pattern=ROLE_PATTERN.pattern,
         description="The role's name; the resource's name when empty. Immutable.",
-        json_schema_extra={
-            "x-kubernetes-validations": [{"rule": "self == oldSelf", "message": "role is immutable"}]
-        },
     )
     database: str | None = Field(
         default=None,
@@ -137,19 +160,28 @@ class Wanted:
 
 @dataclass
 class RolePlan:
-    statements: list[sql.Composable] = field(default_factory=list)
+    statements: list[sql.Composable] = field(default_factory=list)  # in one transaction
+    database_statements: list[sql.Composable] = field(default_factory=list)  # each on its own
     refusal: str | None = None
     events: list[EventNote] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Grantable:
+    """A role someone asks to be a member of."""
+
+    privileged: bool  # superuser, replication, createrole or bypassrls
+    comment: str | None  # another PostgresUser's mark, if it is one
 
 
 def plan_role(
     wanted: Wanted,
     role: RoleFound | None,
     database: DatabaseFound | None,
-    existing_roles: frozenset[str],
+    grantable: dict[str, Grantable],
 ) -> RolePlan:
     """The statements that make the server agree with `wanted`, or why it must not be done.
-    `existing_roles`: which of the wanted memberships exist as roles."""
+    `grantable`: the wanted memberships that exist as roles."""
     plan = RolePlan()
     ident = sql.Identifier(wanted.role)
     if role is not None and role.comment != wanted.marker:
@@ -158,9 +190,22 @@ def plan_role(
             f"(its comment is {role.comment!r}): choose another spec.role, or drop it"
         )
         return plan
-    missing = sorted(wanted.member_of - existing_roles)
+    missing = sorted(wanted.member_of - set(grantable))
     if missing:
         plan.refusal = f"spec.memberOf: no role {', '.join(missing)} in this instance"
+        return plan
+    unsafe = sorted(
+        name
+        for name, found in grantable.items()
+        if name in FORBIDDEN_MEMBERSHIPS
+        or found.privileged
+        or (found.comment or "").startswith("statefleet:")  # another resource's role
+    )
+    if unsafe:
+        plan.refusal = (
+            f"spec.memberOf: {', '.join(unsafe)} would give this role powers or data that are "
+            "not its own (a superuser, replication, server files, another user's role)"
+        )
         return plan
     if database is None and not wanted.own_database:
         plan.refusal = f"spec.database: no database {wanted.database} in this instance"
@@ -201,7 +246,7 @@ def plan_role(
         plan.statements.append(sql.SQL("REVOKE {} FROM {}").format(sql.Identifier(revoke), ident))
     db = sql.Identifier(wanted.database)
     if wanted.own_database and database is None:
-        plan.statements += [
+        plan.database_statements += [  # CREATE DATABASE cannot run inside a transaction
             sql.SQL("CREATE DATABASE {} OWNER {}").format(db, ident),
             sql.SQL("COMMENT ON DATABASE {} IS {}").format(db, sql.Literal(wanted.marker)),
         ]
@@ -297,7 +342,7 @@ class PostgresUserKind(InServiceKind):
             return Outcome(False, "InvalidSpec", str(error))
         database = database_name(role, spec)
         secret_name = spec.password_secret or f"{name}-credentials"
-        depends = frozenset({Ref("Postgres", spec.instance), Ref("Secret", secret_name)})
+        depends = frozenset({Ref("Postgres", spec.instance)})
         instance, address = await self._instance(client, namespace, spec)
         if instance is None:
             return Outcome(
@@ -321,7 +366,7 @@ class PostgresUserKind(InServiceKind):
                 "SecretNotFound",
                 f"spec.passwordSecret: Secret {secret_name} does not exist in namespace {namespace}",
                 depends_on=depends,
-                retry_in=10,  # a user's own Secret is not watched
+                retry_in=10,  # Secrets are not watched
             )
         if secret is None:
             secret = (await client.create(generated_secret(body, secret_name, role))).to_dict()
@@ -353,13 +398,23 @@ class PostgresUserKind(InServiceKind):
             database_found = await read_database(connection, database)
             existing = await (
                 await connection.execute(
-                    "select rolname from pg_roles where rolname = any(%s)", (list(wanted.member_of),)
+                    """select rolname, rolsuper or rolreplication or rolcreaterole or rolbypassrls,
+                              shobj_description(oid, 'pg_authid')
+                       from pg_roles where rolname = any(%s)""",
+                    (list(wanted.member_of),),
                 )
             ).fetchall()
-            planned = plan_role(wanted, found, database_found, frozenset(r[0] for r in existing))
+            grantable = {name: Grantable(bool(privileged), comment) for name, privileged, comment in existing}
+            # The server keeps (and logs, on an error) a SCRAM verifier, never the password.
+            verifier = connection.pgconn.encrypt_password(password.encode(), role.encode(), b"scram-sha-256")
+            wanted = replace(wanted, password=verifier.decode())
+            planned = plan_role(wanted, found, database_found, grantable)
             if planned.refusal:
                 return Outcome(False, "Refused", planned.refusal, depends_on=depends)
-            for statement in planned.statements:
+            async with connection.transaction():  # a role is made with its mark, or not at all
+                for statement in planned.statements:
+                    await connection.execute(statement)
+            for statement in planned.database_statements:
                 await connection.execute(statement)
         where = f" with its own database {database}" if spec.own_database else f", database {database}"
         return Outcome(
@@ -380,9 +435,13 @@ class PostgresUserKind(InServiceKind):
     async def finalize(self, client: AsyncClient, body: dict[str, Any], spec: PostgresUserSpec) -> Outcome:
         meta = body["metadata"]
         namespace, name = meta["namespace"], meta["name"]
-        role = (body.get("status") or {}).get("role")
-        if spec.deletion_policy == DeletionPolicy.RETAIN or not role:
-            return Outcome(True, "Retained", f"role {role or '(never created)'} kept (deletionPolicy)")
+        if spec.deletion_policy == DeletionPolicy.RETAIN:
+            return Outcome(True, "Retained", "the role is kept (deletionPolicy Retain)")
+        try:
+            # From the spec, not the status: a role made by a pass that failed later has no status.
+            role = role_name(name, spec)
+        except ValueError:
+            return Outcome(True, "Dropped", "no role was ever made (its name is invalid)")
         instance, address = await self._instance(client, namespace, spec)
         if instance is None:
             return Outcome(True, "InstanceGone", f"Postgres {spec.instance} is gone, and its role {role}")

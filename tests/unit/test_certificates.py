@@ -69,3 +69,13 @@ def test_a_renewed_ca_is_published_beside_the_old_one() -> None:
     assert renewed.ca is not None
     assert renewed.ca["ca.crt"].count("BEGIN CERTIFICATE") == 2
     assert renewed.ca["ca.crt"].endswith(first.ca["ca.crt"])
+
+
+def test_broken_secrets_are_replaced_and_long_names_fit() -> None:
+    long_hosts = service_hosts(["a" * 52 + "-rw"], "apps", pods_of="a" * 52)
+    first = plan_tls(None, None, long_hosts, NOW)  # a CN is at most 64 characters
+    assert first.server is not None
+    assert first.ca is not None
+    assert plan_tls({"ca.key": first.ca["ca.key"]}, None, long_hosts, NOW).reason == "a CA was made"
+    garbled = plan_tls(first.ca, {"tls.crt": "not a certificate", "tls.key": "x"}, long_hosts, NOW)
+    assert garbled.reason == "the server certificate was missing"

@@ -401,6 +401,24 @@ def test_a_standby_still_not_following_after_its_restart_is_cloned_again() -> No
     assert again.rejoins == {"demo-1": 2}
     # Streaming again: forgotten.
     following = member("demo-1", standby(streaming=True))
+    # Replaced, it is missing for a moment: still counted.
+    gone = plan_primary(observe(member("demo-0", primary()), status={"rejoins": again.rejoins}, instances=2))
+    assert gone.rejoins == {"demo-1": 2}
     done = plan_primary(observe(member("demo-0", primary()), following, status={"rejoins": again.rejoins}))
-    assert done.rejoins is None
+    assert done.rejoins == {}
     assert done.actions == []
+
+
+def test_a_switchover_to_a_pod_that_stays_silent_is_refused_not_awaited_for_ever() -> None:
+    frozen = member("demo-0", None, ready=True, silent_since=CLOCK - SILENT_LIMIT - 1)
+    plan = plan_primary(
+        observe(
+            frozen,
+            member("demo-1", primary()),
+            status={"currentPrimary": "demo-1"},
+            rollout_switchover="demo-0@rev2",
+        )
+    )
+    assert plan.target is None
+    assert plan.rollout_switchover_done == "demo-0@rev2"  # the rollout goes on
+    assert plan.events[0][1] == "SwitchoverRefused"

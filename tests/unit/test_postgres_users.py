@@ -9,6 +9,7 @@ import pytest
 from services.postgres import PLUGIN
 from services.postgres.users import (
     DatabaseFound,
+    Grantable,
     PostgresUserSpec,
     RoleFound,
     Wanted,
@@ -30,6 +31,7 @@ WANTED = Wanted(
     password="s3cret'; drop table x; --",
     password_changed=True,
 )
+SAFE = Grantable(privileged=False, comment=None)
 OURS = RoleFound(login=True, connection_limit=-1, comment=MARK, member_of=frozenset())
 
 
@@ -41,11 +43,13 @@ def test_the_issue_example_creates_the_role_and_its_own_database() -> None:
     spec = PostgresUserSpec.model_validate({"instance": "demo", "database": "reporting", "ownDatabase": True})
     assert role_name("reporting", spec) == "reporting"
     assert database_name("reporting", spec) == "reporting"
-    plan = plan_role(WANTED, None, None, frozenset())
+    plan = plan_role(WANTED, None, None, {})
     assert plan.refusal is None
     assert text(plan.statements) == [
         "CREATE ROLE \"reporting\" WITH LOGIN CONNECTION LIMIT  -1 PASSWORD 's3cret''; drop table x; --'",
         "COMMENT ON ROLE \"reporting\" IS 'statefleet:apps/reporting'",
+    ]
+    assert text(plan.database_statements) == [
         'CREATE DATABASE "reporting" OWNER "reporting"',
         "COMMENT ON DATABASE \"reporting\" IS 'statefleet:apps/reporting'",
     ]
@@ -54,13 +58,14 @@ def test_the_issue_example_creates_the_role_and_its_own_database() -> None:
 
 def test_reconciling_again_creates_nothing_twice() -> None:
     same = replace(WANTED, password_changed=False)
-    plan = plan_role(same, OURS, DatabaseFound(owner="reporting", comment=MARK), frozenset())
+    plan = plan_role(same, OURS, DatabaseFound(owner="reporting", comment=MARK), {})
     assert plan.statements == []
+    assert plan.database_statements == []
     assert plan.events == []
 
 
 def test_a_password_edited_in_its_secret_is_applied() -> None:
-    plan = plan_role(WANTED, OURS, DatabaseFound(owner="reporting", comment=MARK), frozenset())
+    plan = plan_role(WANTED, OURS, DatabaseFound(owner="reporting", comment=MARK), {})
     assert text(plan.statements) == ["ALTER ROLE \"reporting\" WITH PASSWORD 's3cret''; drop table x; --'"]
 
 
@@ -72,7 +77,7 @@ def test_memberships_follow_the_spec_and_only_ours_are_revoked() -> None:
         granted_before=frozenset({"pg_write_all_data"}),
     )
     role = replace(OURS, member_of=frozenset({"pg_write_all_data", "pg_monitor"}))  # pg_monitor: by hand
-    plan = plan_role(wanted, role, DatabaseFound("reporting", MARK), frozenset({"pg_read_all_data"}))
+    plan = plan_role(wanted, role, DatabaseFound("reporting", MARK), {"pg_read_all_data": SAFE})
     assert text(plan.statements) == [
         'GRANT "pg_read_all_data" TO "reporting"',
         'REVOKE "pg_write_all_data" FROM "reporting"',
@@ -81,24 +86,20 @@ def test_memberships_follow_the_spec_and_only_ours_are_revoked() -> None:
 
 def test_what_is_not_ours_is_refused_naming_the_field() -> None:
     foreign = replace(OURS, comment=None)
-    assert "choose another spec.role" in (plan_role(WANTED, foreign, None, frozenset()).refusal or "")
-    plan = plan_role(WANTED, None, DatabaseFound(owner="someone", comment=None), frozenset())
+    assert "choose another spec.role" in (plan_role(WANTED, foreign, None, {}).refusal or "")
+    plan = plan_role(WANTED, None, DatabaseFound(owner="someone", comment=None), {})
     assert (plan.refusal or "").startswith("spec.database: the database reporting exists, owned by someone")
     missing = replace(WANTED, member_of=frozenset({"nosuchrole"}))
-    assert (
-        plan_role(missing, None, None, frozenset()).refusal
-        == "spec.memberOf: no role nosuchrole in this instance"
-    )
+    assert plan_role(missing, None, None, {}).refusal == "spec.memberOf: no role nosuchrole in this instance"
     shared = replace(WANTED, own_database=False, database="analytics")
     assert (
-        plan_role(shared, None, None, frozenset()).refusal
-        == "spec.database: no database analytics in this instance"
+        plan_role(shared, None, None, {}).refusal == "spec.database: no database analytics in this instance"
     )
 
 
 def test_a_role_that_exists_in_a_shared_database_gets_connect() -> None:
     shared = replace(WANTED, own_database=False, database="analytics", password_changed=False)
-    plan = plan_role(shared, OURS, DatabaseFound("postgres", None), frozenset())
+    plan = plan_role(shared, OURS, DatabaseFound("postgres", None), {})
     assert text(plan.statements) == ['GRANT CONNECT ON DATABASE "analytics" TO "reporting"']
 
 
@@ -128,3 +129,15 @@ def test_the_binding_secret_is_laid_out_as_servicebinding_io_expects() -> None:
     }
     with_tls = PLUGIN.binding_data(service, user, {"password": "p@ss/word"}, "PEM")
     assert with_tls == {**data, "ca.crt": "PEM", "sslrootcert": "PEM", "sslmode": "verify-full"}
+
+
+def test_memberships_that_would_hand_out_a_superusers_powers_are_refused() -> None:
+    for name, found in [
+        ("postgres", Grantable(privileged=True, comment=None)),
+        ("pg_read_server_files", SAFE),
+        ("admins", Grantable(privileged=True, comment=None)),  # a superuser made by hand
+        ("orders-db", Grantable(privileged=False, comment="statefleet:apps/orders-db")),  # another user
+    ]:
+        wanted = replace(WANTED, member_of=frozenset({name}))
+        refusal = plan_role(wanted, None, None, {name: found}).refusal or ""
+        assert refusal.startswith(f"spec.memberOf: {name} would give this role powers"), name
