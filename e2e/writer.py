@@ -25,6 +25,7 @@ class Writer:
         self.kube, self.namespace = kube, namespace
         self.acknowledged: list[tuple[int, float]] = []
         self.servers: list[str] = []  # beside each acknowledged commit: the server life that took it
+        self.lost: set[int] = set()  # acknowledged commits found missing (a benchmark's tally)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 

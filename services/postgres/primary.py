@@ -221,8 +221,8 @@ def plan_primary(observed: PrimaryInput) -> PrimaryPlan:
         return plan
 
     # The primary is down.
-    if observed.instances == 1 or len(members) == 1:
-        plan.probe_again = 2.0
+    if observed.instances == 1 or len(members) == 1 or not status.get("initialized"):
+        plan.probe_again = 2.0  # (a new cluster's first primary is not down: it is starting)
         return plan
     standbys = [m for m in members.values() if m.pod != primary]
     fresh = [m for m in standbys if m.probed_at and observed.monotonic - m.probed_at < FRESH]

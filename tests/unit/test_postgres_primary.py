@@ -46,7 +46,8 @@ def observe(*members: Member, status: dict[str, Any] | None = None, **extra: Any
     fields: dict[str, Any] = {
         "name": "demo",
         "instances": len(members),
-        "status": status if status is not None else {"currentPrimary": "demo-0"},
+        # An initialized cluster (its first primary answered once) unless the test says not.
+        "status": {"initialized": True, **(status if status is not None else {"currentPrimary": "demo-0"})},
         "members": {m.pod: m for m in members},
         "rw_endpoints": frozenset(),
         "now": NOW,
@@ -422,3 +423,10 @@ def test_a_switchover_to_a_pod_that_stays_silent_is_refused_not_awaited_for_ever
     assert plan.target is None
     assert plan.rollout_switchover_done == "demo-0@rev2"  # the rollout goes on
     assert plan.events[0][1] == "SwitchoverRefused"
+
+
+def test_a_new_clusters_first_primary_is_starting_not_down() -> None:
+    starting = Member("demo-0", exists=False)
+    plan = plan_primary(observe(starting, member("demo-1", None, ready=False), status={"initialized": False}))
+    assert plan.target is None
+    assert plan.events == []  # no FailoverWaiting before there was anything to fail over
