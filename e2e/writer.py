@@ -65,7 +65,13 @@ class Writer:
                     conn.execute("set statement_timeout = '5s'")
                     while not self._stop.is_set():
                         # Which server acknowledged it: its address and the start of its life.
-                        row = conn.execute(INSERT, (value,)).fetchone()
+                        try:
+                            row = conn.execute(INSERT, (value,)).fetchone()
+                        except psycopg.errors.UniqueViolation:
+                            # Committed, but the server died before saying so: the next one
+                            # (unacknowledged, so never counted as lost either).
+                            value += 1
+                            continue
                         self.acknowledged.append((value, time.monotonic()))
                         self.servers.append(row[0] if row else "")
                         value += 1
