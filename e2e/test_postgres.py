@@ -284,6 +284,22 @@ def test_bad_input_gets_a_clear_error_naming_the_field(
     patch_spec(kube, namespace, "keep", {"storage": {"size": "1Gi", "storageClass": None}})
     wait_ready(kube, namespace, "keep", 1)
 
+    # A major upgrade (15 -> 17) is refused, never a server that cannot read its data.
+    image = kube.get(StatefulSet, "keep", namespace=namespace).spec.template.spec.containers[0].image
+    patch_spec(kube, namespace, "keep", {"version": "17"})
+    refusal = wait_until(
+        "ChangeRefused for the version",
+        lambda: (found := refused_change()) and "spec.version" in found["message"] and found,
+        timeout=30,
+    )
+    assert refusal["message"] == (
+        "spec.version: upgrading the data from PostgreSQL 15 to 17 needs a major upgrade (pg_upgrade), "
+        "which is not supported yet; set it back to 15"
+    )
+    assert kube.get(StatefulSet, "keep", namespace=namespace).spec.template.spec.containers[0].image == image
+    patch_spec(kube, namespace, "keep", {"version": "15"})
+    wait_ready(kube, namespace, "keep", 1)
+
     # 15 is deprecated in this catalog: it runs, with one warning Event.
     warnings = [
         e
