@@ -300,13 +300,21 @@ def test_a_standby_that_lost_the_wal_it_needs_is_cloned_again(
     wait_until("Recloning", lambda: events(kube, namespace, "Recloning"), timeout=180, interval=2)
     assert events(kube, namespace, "Rejoining"), "a restart comes first"
     wait_whole(kube, namespace, timeout=300)
-    ip = kube.get(Pod, standby, namespace=namespace).status.podIP
     with connect(kube, namespace, "demo-rw", "demo-superuser") as conn:
         password = conn.info.password
-    with psycopg.connect(
-        host=ip, user="postgres", password=password, dbname="postgres", connect_timeout=5
-    ) as conn:
-        assert conn.execute("select count(*) from filler").fetchone() == (120000,)
+
+    def rows_on_the_standby() -> int | None:
+        # Seen refusing connections just after the cluster was whole (cause not found yet).
+        ip = kube.get(Pod, standby, namespace=namespace).status.podIP
+        try:
+            with psycopg.connect(
+                host=ip, user="postgres", password=password, dbname="postgres", connect_timeout=5
+            ) as conn:
+                return conn.execute("select count(*) from filler").fetchone()[0]
+        except psycopg.OperationalError:
+            return None
+
+    assert wait_until("the recloned standby answers", rows_on_the_standby, timeout=120, interval=2) == 120000
     wait_until(
         "the standby forgotten as rejoining", lambda: not status_of(kube, namespace).get("rejoins"), 30
     )
