@@ -11,14 +11,12 @@ import base64
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 from lightkube.resources.core_v1 import Namespace, Pod, Secret, Service
 
-from e2e.kube import REPO, client, kubeconfig_path, wait_until
+from e2e.kube import REPO, client, kubeconfig_path, operator_image, wait_until
 from services.postgres import PLUGIN
 
-CACHE = Path.home() / ".cache" / "statefleet"
 RELEASE, OPERATOR_NAMESPACE, APP_NAMESPACE = "statefleet", "statefleet-system", "apps"
 Postgres = PLUGIN.resource()
 
@@ -31,13 +29,6 @@ def tool(name: str, *args: str, capture: bool = False) -> str:
 
 def step(text: str) -> None:
     print(f"\n== {text}", flush=True)
-
-
-def operator_image() -> tuple[str, str]:
-    """The operator image the test bed built and imported (`make testbed-up` does both)."""
-    _archive, ref = (CACHE / "images" / "operator.current").read_text().split()
-    repository, tag = ref.rsplit(":", 1)
-    return repository, tag
 
 
 def main() -> int:

@@ -19,6 +19,15 @@ REPO = Path(__file__).resolve().parent.parent
 T = TypeVar("T")
 
 
+def operator_image() -> tuple[str, str]:
+    """The operator image the test bed built and imported (`make testbed-up` does both):
+    repository and tag."""
+    cache = Path(os.environ.get("STATEFLEET_CACHE") or Path.home() / ".cache" / "statefleet")
+    _archive, ref = (cache / "images" / "operator.current").read_text().split()
+    repository, tag = ref.rsplit(":", 1)
+    return repository, tag
+
+
 def kubeconfig_path() -> Path:
     """KUBECONFIG if set (another cluster), else the test bed's."""
     return Path(os.environ.get("KUBECONFIG") or REPO / ".testbed" / "kubeconfig")

@@ -10,7 +10,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from e2e.kube import REPO, kubeconfig_path, wait_until
+from e2e.kube import REPO, kubeconfig_path, operator_image, wait_until
 
 LIVENESS_PORT = 18080
 METRICS_PORT = 19090
@@ -57,6 +57,8 @@ class OperatorProcess:
                     str(METRICS_PORT),
                     "--namespace",
                     self.namespaces,
+                    "--job-image",
+                    ":".join(operator_image()),
                 ],
                 cwd=REPO,
                 env=env,

@@ -5,7 +5,6 @@ from __future__ import annotations
 import subprocess
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from lightkube import Client
@@ -13,12 +12,10 @@ from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.apps_v1 import Deployment
 from lightkube.resources.core_v1 import Namespace, Pod
 
-from e2e.kube import REPO, delete_namespace, kubeconfig_path
+from e2e.kube import REPO, delete_namespace, kubeconfig_path, operator_image
 from e2e.test_postgres import create, wait_ready
 
 pytestmark = pytest.mark.e2e
-
-CACHE = Path.home() / ".cache" / "statefleet"
 
 
 def helm(*args: str) -> str:
@@ -41,8 +38,7 @@ def chart_namespace(kube: Client) -> Iterator[str]:
 
 
 def test_chart_installs_an_operator_that_serves_postgres(kube: Client, chart_namespace: str) -> None:
-    _archive, ref = (CACHE / "images" / "operator.current").read_text().split()
-    repository, tag = ref.rsplit(":", 1)
+    repository, tag = operator_image()
     helm(
         "upgrade", "--install", chart_namespace, str(REPO / "charts" / "statefleet"),
         "--namespace", chart_namespace, "--wait", "--timeout", "3m",

@@ -23,7 +23,7 @@ from framework import conditions
 from framework.api import get_or_none
 from framework.inservice import InServiceKind, Outcome, Ref
 from framework.plugin import LABEL_MANAGED_BY, LABEL_PART_OF, MANAGER, TLS_SERVER, ServicePlugin
-from framework.reconcile import API_VERSION
+from framework.reconcile import API_VERSION, owner_reference
 from framework.spec import ApiModel
 
 BINDING_LABEL = "statefleet.dev/binding"
@@ -49,18 +49,6 @@ def owned_by(body: dict[str, Any] | None, uid: str) -> bool:
     return any(ref.get("uid") == uid for ref in (body or {}).get("metadata", {}).get("ownerReferences") or [])
 
 
-def owner(binding: dict[str, Any]) -> dict[str, Any]:
-    meta = binding["metadata"]
-    return {
-        "apiVersion": API_VERSION,
-        "kind": "ServiceBinding",
-        "name": meta["name"],
-        "uid": meta["uid"],
-        "controller": True,
-        "blockOwnerDeletion": True,
-    }
-
-
 def decoded(secret: dict[str, Any]) -> dict[str, str]:
     return {k: base64.b64decode(v).decode() for k, v in (secret.get("data") or {}).items()}
 
@@ -74,7 +62,7 @@ def build_user(binding: dict[str, Any], kind: str, spec: dict[str, Any]) -> dict
             "name": meta["name"],
             "namespace": meta["namespace"],
             "labels": {LABEL_MANAGED_BY: MANAGER, LABEL_PART_OF: "statefleet", BINDING_LABEL: meta["name"]},
-            "ownerReferences": [owner(binding)],
+            "ownerReferences": [owner_reference("ServiceBinding", binding)],
         },
         "spec": spec,
     }
@@ -90,7 +78,7 @@ def build_secret(binding: dict[str, Any], name: str, data: dict[str, str]) -> di
             "name": name,
             "namespace": meta["namespace"],
             "labels": {LABEL_MANAGED_BY: MANAGER, LABEL_PART_OF: "statefleet", BINDING_LABEL: meta["name"]},
-            "ownerReferences": [owner(binding)],
+            "ownerReferences": [owner_reference("ServiceBinding", binding)],
         },
         "data": {k: base64.b64encode(v.encode()).decode() for k, v in sorted(data.items())},
     }

@@ -53,9 +53,11 @@ async def run_operator(args: argparse.Namespace) -> None:
     rollouts = RolloutController(client)
     rollouts.register()
     plugins = load_plugins()
-    operator = Operator(client, catalog, plugins, rollouts)
+    operator = Operator(client, catalog, plugins, rollouts, args.job_image)
     operator.register()
-    in_service = InServiceController(client, in_service_kinds(plugins), watched_kinds(plugins))
+    in_service = InServiceController(
+        client, in_service_kinds(plugins, args.job_image), watched_kinds(plugins)
+    )
     in_service.register()
 
     @kopf.on.startup()
@@ -98,6 +100,11 @@ def main(argv: list[str] | None = None) -> int:
     operator = commands.add_parser("operator", help="run every controller against the current kubeconfig")
     operator.add_argument("--catalog", default=os.environ.get("STATEFLEET_CATALOG", str(DEFAULT_CATALOG)))
     operator.add_argument("--namespace", action="append", default=[], help="watch only these (default: all)")
+    operator.add_argument(
+        "--job-image",
+        default=os.environ.get("STATEFLEET_JOB_IMAGE", ""),
+        help="the image of backup and restore Jobs: the operator's own",
+    )
     operator.add_argument("--install-crds", action="store_true", help="apply the CRDs first (development)")
     operator.add_argument(
         "--liveness", default=os.environ.get("STATEFLEET_LIVENESS", "http://0.0.0.0:8080/healthz")

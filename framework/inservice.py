@@ -110,13 +110,14 @@ Key = tuple[str, str, str]  # kind, namespace, name
 
 
 def plan_status(body: dict[str, Any], outcome: Outcome) -> dict[str, Any]:
-    """The status after a pass: the outcome's fields, Ready, the generation it saw."""
+    """The status after a pass: the outcome's fields (None removes one), Ready, the generation
+    it saw."""
     current = {k: v for k, v in (body.get("status") or {}).items() if k != "kopf"}
     generation = body["metadata"].get("generation", 0)
     ready = Condition(conditions.READY, outcome.ready, outcome.reason, outcome.message)
+    kept = {k: v for k, v in {**current, **outcome.fields}.items() if v is not None}
     return {
-        **current,
-        **outcome.fields,
+        **kept,
         "observedGeneration": generation,
         "conditions": conditions.merge_conditions(current.get("conditions"), [ready], generation),
     }

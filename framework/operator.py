@@ -60,8 +60,10 @@ class Operator:
         catalog: Catalog,
         plugins: Iterable[ServicePlugin],
         rollouts: RolloutController,
+        tools_image: str = "",
     ) -> None:
         self.client = client
+        self.tools_image = tools_image
         self.catalog = catalog
         self.plugins = {plugin.service: plugin for plugin in plugins}
         self.queue = WorkQueue(self._reconcile_once, self._describe)
@@ -209,7 +211,15 @@ class Operator:
             return
         with metrics.timed_reconcile(plugin.kind):
             observed = await self.observe(plugin, body, thorough=force_apply)
-            planned = plan(plugin, observed, self.catalog, body["metadata"]["uid"], force_apply, time.time())
+            planned = plan(
+                plugin,
+                observed,
+                self.catalog,
+                body["metadata"]["uid"],
+                force_apply,
+                time.time(),
+                self.tools_image,
+            )
             try:
                 await self.execute(plugin, body, planned, observed)
             finally:

@@ -148,6 +148,22 @@ class ServicePlugin:
         TLS). Pure."""
         raise NotImplementedError(f"{self.kind} takes no bindings")
 
+    # Backups: the module of the driver the backup Jobs run (`backup.drivers`), None when the
+    # service has none; its methods, the default first.
+    backup_driver: ClassVar[str | None] = None
+    backup_methods: ClassVar[tuple[str, ...]] = ()
+
+    def backup_env(self, name: str) -> list[dict[str, Any]]:
+        """The environment (container `env` entries) with which a backup or restore Job reaches
+        instance `name` in its namespace: host, port, credentials from the instance's Secrets."""
+        raise NotImplementedError(f"{self.kind} has no backups")
+
+    def restored_spec(self, recorded: dict[str, Any], version: str, method: str) -> dict[str, Any]:
+        """The spec of a new instance made from a backup: the spec the backup recorded (with the
+        Restore's changes over it), the server `version` and `method` of the backup. Raises
+        ValueError (naming the field) when that backup cannot start such an instance."""
+        return recorded
+
     def refuse_change(self, spec: BaseModel, observed: Observed) -> str | None:
         """Why applying `spec` would lose data (a message naming the field), or None."""
         return None

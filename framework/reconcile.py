@@ -48,12 +48,13 @@ def describe_validation_error(error: ValidationError) -> str:
     return "; ".join(parts)
 
 
-def owner_reference(plugin: ServicePlugin, name: str, uid: str) -> dict[str, Any]:
+def owner_reference(kind: str, body: dict[str, Any]) -> dict[str, Any]:
+    """The reference that makes `body` (one of our resources, of `kind`) a child's controller."""
     return {
         "apiVersion": API_VERSION,
-        "kind": plugin.kind,
-        "name": name,
-        "uid": uid,
+        "kind": kind,
+        "name": body["metadata"]["name"],
+        "uid": body["metadata"]["uid"],
         "controller": True,
         "blockOwnerDeletion": True,
     }
@@ -109,6 +110,7 @@ def plan(
     uid: str,
     force_apply: bool = False,
     now: float = 0.0,
+    tools_image: str = "",
 ) -> Plan:
     """What to do about one resource. Children are applied when what the templates render
     changed since the last apply (`status.childrenHash`), when the StatefulSet is missing, or
@@ -127,7 +129,7 @@ def plan(
         return _invalid(observed, "ChangeRefused", refusal, operations)
 
     labels = plugin.labels(observed.name)
-    owner = owner_reference(plugin, observed.name, uid)
+    owner = owner_reference(plugin.kind, {"metadata": {"name": observed.name, "uid": uid}})
     secrets_to_create = [
         decorate(
             {
@@ -152,6 +154,7 @@ def plan(
         "image": version.image,
         "version": version.version,
         "labels": labels,
+        "tools_image": tools_image,  # Statefleet's own image, for init containers that run our code
         **plugin.template_context(spec, version, observed),
     }
     children = [

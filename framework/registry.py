@@ -7,6 +7,7 @@ import pkgutil
 from typing import Any
 
 import services
+from backup.resources import backup_kinds
 from framework.binding import ServiceBindingKind
 from framework.inservice import InServiceKind
 from framework.plugin import ServicePlugin
@@ -22,9 +23,14 @@ def load_plugins() -> list[ServicePlugin]:
     return plugins
 
 
-def in_service_kinds(plugins: list[ServicePlugin]) -> list[InServiceKind]:
-    """Bindings, and every plugin's kinds of objects inside its instances."""
-    return [ServiceBindingKind(plugins)] + [kind for plugin in plugins for kind in plugin.in_service_kinds()]
+def in_service_kinds(plugins: list[ServicePlugin], job_image: str = "") -> list[InServiceKind]:
+    """Bindings, backups, and every plugin's kinds of objects inside its instances. `job_image`:
+    the image of backup Jobs (the operator's own)."""
+    return [
+        ServiceBindingKind(plugins),
+        *backup_kinds(plugins, job_image),
+        *(kind for plugin in plugins for kind in plugin.in_service_kinds()),
+    ]
 
 
 def watched_kinds(plugins: list[ServicePlugin]) -> dict[str, Any]:

@@ -65,6 +65,10 @@ PREPARE=patch_kwok GO_MODFILE=$KWOK_PATCHED/go.mod RECIPE_EXTRA=$TESTBED_SRC/gom
 CGO_ENABLED=0 build_once "$HELM_BIN" "$TESTBED_SRC/gomod/helm" \
   "$GO_LDFLAGS_BASE -X helm.sh/helm/v3/internal/version.version=v$HELM_VERSION" helm.sh/helm/v3/cmd/helm
 
+CGO_ENABLED=0 build_once "$S3_BIN" "$TESTBED_SRC/gomod/s3" \
+  "$GO_LDFLAGS_BASE -X main.Version=v$S3_VERSION" \
+  github.com/versity/versitygw/cmd/versitygw
+
 mkdir -p "$TB/bin"
 ln -sfn "$KUBE_BIN/kubectl" "$KUBECTL"
 ln -sfn "$HELM_BIN/helm" "$HELM"

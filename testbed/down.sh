@@ -115,6 +115,6 @@ fi
 # 6. Runtime state. Caches (binaries, images, containerd's content) stay.
 rm -rf "$RUN"
 # Volumes go with the cluster that held their claims.
-rm -rf "$TB/etcd" "$TB/kubelet" "$TB/pids" "$TB/pki" "$TB/cni" "$TB/kwok" "$TB/volumes"
+rm -rf "$TB/etcd" "$TB/kubelet" "$TB/pids" "$TB/pki" "$TB/cni" "$TB/kwok" "$TB/volumes" "$TB/s3"
 [[ -d $CACHE/containerd/root ]] && rm -rf "$CACHE/containerd/root/io.containerd.runtime.v2.task"
 say "down"

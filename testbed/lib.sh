@@ -14,11 +14,13 @@ KUBE_VERSION=1.37.2
 COREDNS_VERSION=1.14.2
 KWOK_VERSION=0.8.0
 HELM_VERSION=3.22.0
+S3_VERSION=1.8.0 # Versity S3 Gateway
 
 KUBE_BIN=$CACHE/bin/kube-v$KUBE_VERSION
 COREDNS_BIN=$CACHE/bin/coredns-v$COREDNS_VERSION
 KWOK_BIN=$CACHE/bin/kwok-v$KWOK_VERSION
 HELM_BIN=$CACHE/bin/helm-v$HELM_VERSION
+S3_BIN=$CACHE/bin/versitygw-v$S3_VERSION
 
 # One node bridge carries the pods, the node address and the API server: it is
 # internal to this machine, so nothing listens on an outside interface.
@@ -35,6 +37,10 @@ NODE_NAME=testbed-node
 API_PORT=6443
 ETCD_CLIENT_PORT=2379
 ETCD_PEER_PORT=2380
+# The S3 server listens on the node bridge: pods and the host reach it at the same address.
+S3_PORT=9000
+S3_ENDPOINT=http://$NODE_IP:$S3_PORT
+S3_ENV=$TB/s3.env # S3_ENDPOINT, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY
 
 CONTAINERD_SOCK=$RUN/containerd.sock
 CTR=(ctr --address "$CONTAINERD_SOCK" --namespace k8s.io)

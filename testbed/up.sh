@@ -20,7 +20,7 @@ healthy() {
   [[ $(kubectl_admin get node "$NODE_NAME" -o 'jsonpath={.status.conditions[?(@.type=="Ready")].status}') == True ]] || return 1
   [[ $(kubectl_admin -n kube-system get deployment coredns -o 'jsonpath={.status.availableReplicas}') -ge 1 ]] || return 1
   local daemon
-  for daemon in kwok local-volumes; do
+  for daemon in kwok local-volumes s3; do
     kill -0 "$(cat "$TB/pids/$daemon.pid" 2>/dev/null)" 2>/dev/null || return 1
   done
 }
@@ -228,6 +228,21 @@ kubectl_admin apply -f "$TESTBED_SRC/manifests/coredns.yaml" -f "$TESTBED_SRC/ma
 start_daemon local-volumes "$REPO/.venv/bin/python" "$TESTBED_SRC/local_volumes.py" \
   --kubeconfig "$KUBECONFIG_ADMIN" --base-dir "$TB/volumes" --real-node "$NODE_NAME"
 "$TESTBED_SRC/kwok.sh" start
+# --- S3: a real S3 server on the node bridge, its keys kept across restarts ----------------
+if [[ ! -f $S3_ENV ]]; then
+  umask 077
+  printf 'S3_ENDPOINT=%s\nAWS_ACCESS_KEY_ID=%s\nAWS_SECRET_ACCESS_KEY=%s\n' "$S3_ENDPOINT" \
+    "statefleet-$(openssl rand -hex 4)" "$(openssl rand -hex 20)" >"$S3_ENV"
+fi
+mkdir -p "$TB/s3/data"
+(
+  set -a
+  # shellcheck source=/dev/null
+  source "$S3_ENV"
+  export ROOT_ACCESS_KEY=$AWS_ACCESS_KEY_ID ROOT_SECRET_KEY=$AWS_SECRET_ACCESS_KEY
+  start_daemon s3 "$S3_BIN/versitygw" --port "$NODE_IP:$S3_PORT" --region us-east-1 posix "$TB/s3/data"
+)
+wait_for 30 "S3 server" bash -c "curl -s -o /dev/null $S3_ENDPOINT"
 kubectl_admin -n kube-system rollout status deployment/coredns --timeout 90s >/dev/null
 
 log "up in $((SECONDS - started))s; export KUBECONFIG=$KUBECONFIG_ADMIN"

@@ -114,6 +114,38 @@ class PostgresPlugin(ServicePlugin):
     # The StatefulSet is left to a StatefulsetRollout: replicas first, the primary last.
     child_kinds = ("ConfigMap", "Service", "PodDisruptionBudget", "StatefulsetRollout")
     user_kind = "PostgresUser"
+    backup_driver = "backup.drivers.postgres"
+    backup_methods = ("physical", "logical")
+
+    def restored_spec(self, recorded: dict[str, Any], version: str, method: str) -> dict[str, Any]:
+        if method != "physical":
+            return recorded  # pg_restore loads into any newer major version too
+        # A physical copy starts only on its own major version.
+        wanted = major(version)
+        if recorded.get("version") and major(str(recorded["version"])) != wanted:
+            raise ValueError(
+                f"version {recorded['version']}: a physical backup of PostgreSQL {version} "
+                f"runs on {wanted} only"
+            )
+        return {**recorded, "version": wanted}
+
+    def backup_env(self, name: str) -> list[dict[str, Any]]:
+        def secret(variable: str, generated: GeneratedSecret, key: str) -> dict[str, Any]:
+            return {
+                "name": variable,
+                "valueFrom": {"secretKeyRef": {"name": generated.name(name), "key": key}},
+            }
+
+        return [
+            {"name": "PGHOST", "value": f"{name}-rw"},
+            {"name": "PGPORT", "value": "5432"},
+            {"name": "PGSSLMODE", "value": "require"},
+            {"name": "PGCONNECT_TIMEOUT", "value": "10"},
+            secret("PGUSER", SUPERUSER, "username"),
+            secret("PGPASSWORD", SUPERUSER, "password"),
+            secret("REPLICATION_USER", REPLICATION, "username"),
+            secret("REPLICATION_PASSWORD", REPLICATION, "password"),
+        ]
 
     def in_service_kinds(self) -> list[Any]:
         return [USERS]

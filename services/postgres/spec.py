@@ -43,6 +43,22 @@ class SwitchoverSpec(ApiModel):
     )
 
 
+class BackupRef(ApiModel):
+    name: str = Field(min_length=1, description="A Completed Backup in the same namespace.")
+
+
+class BootstrapSpec(ApiModel):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [{"rule": "self == oldSelf", "message": "bootstrap is immutable"}]
+        }
+    )
+    from_backup: BackupRef = Field(
+        description="Start from this backup: a physical one becomes the first pod's data, a logical one is "
+        "restored once the instance runs. A Restore with a new target sets it."
+    )
+
+
 class PostgresSpec(ApiModel):
     model_config = ConfigDict(
         json_schema_extra={
@@ -86,6 +102,7 @@ class PostgresSpec(ApiModel):
     switchover: SwitchoverSpec | None = Field(
         default=None, description="Make another instance the primary, once per request."
     )
+    bootstrap: BootstrapSpec | None = Field(default=None, description="How a new instance gets its data.")
     pod_template: PodTemplateOverrides = Field(default_factory=PodTemplateOverrides)
     deletion_policy: DeletionPolicy = Field(
         default=DeletionPolicy.RETAIN, description="What happens to the volumes when the Postgres is deleted."

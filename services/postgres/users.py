@@ -31,7 +31,7 @@ from pydantic import ConfigDict, Field
 from framework.api import get_or_none
 from framework.inservice import InServiceKind, Outcome, Ref
 from framework.plugin import LABEL_MANAGED_BY, LABEL_PART_OF, MANAGER
-from framework.reconcile import API_VERSION, EventNote
+from framework.reconcile import EventNote, owner_reference
 from framework.spec import ApiModel, DeletionPolicy
 from services.postgres.instances import Servers
 
@@ -301,16 +301,7 @@ def generated_secret(body: dict[str, Any], name: str, role: str) -> Secret:
             name=name,
             namespace=meta["namespace"],
             labels={LABEL_MANAGED_BY: MANAGER, LABEL_PART_OF: "statefleet"},
-            ownerReferences=[
-                {
-                    "apiVersion": API_VERSION,
-                    "kind": "PostgresUser",
-                    "name": meta["name"],
-                    "uid": meta["uid"],
-                    "controller": True,
-                    "blockOwnerDeletion": True,
-                }
-            ],
+            ownerReferences=[owner_reference("PostgresUser", body)],
         ),
         stringData={"username": role, "password": secrets.token_urlsafe(24)},
     )

@@ -28,3 +28,12 @@ def test_an_event_on_each_transition_and_never_a_repeat() -> None:
     assert [(e.type, e.reason) for e in transition_events(body, other)] == [("Warning", "SecretNotFound")]
     done = Outcome(True, "Reconciled", "ok")
     assert [(e.type, e.reason) for e in transition_events(body, done)] == [("Normal", "Reconciled")]
+
+
+def test_a_field_set_to_none_leaves_the_status() -> None:
+    body = {"metadata": {"generation": 1}, "status": {"phase": "Running", "progress": {"bytes": 5}}}
+    status = plan_status(
+        body, Outcome(True, "Completed", "done", fields={"phase": "Completed", "progress": None})
+    )
+    assert "progress" not in status
+    assert status["phase"] == "Completed"

@@ -326,3 +326,32 @@ def test_a_synchronous_count_without_enough_standbys_is_invalid_naming_the_field
     ready = next(c for c in planned.status["conditions"] if c["type"] == "Ready")
     assert ready["reason"] == "InvalidSpec"
     assert "synchronous.number: 2 synchronous standbys need at least 3 instances" in ready["message"]
+
+
+def test_an_instance_made_from_a_backup_fetches_it_before_its_server_starts() -> None:
+    spec = {"version": "15", "storage": {"size": "1Gi"}, "bootstrap": {"fromBackup": {"name": "nightly"}}}
+    planned = plan(PLUGIN, observed(spec), CATALOG, "uid-1", tools_image="statefleet/operator:abc")
+    pod = by_kind(planned.children)[("StatefulsetRollout", "demo")]["spec"]["statefulSet"]["template"]["spec"]
+    (init,) = pod["initContainers"]
+    assert init["image"] == "statefleet/operator:abc"
+    assert init["command"] == ["python3", "-m", "backup"]
+    env = {e["name"]: e for e in init["env"]}
+    assert env["STATEFLEET_BACKUP_REQUEST"]["valueFrom"]["secretKeyRef"] == {
+        "name": "demo-bootstrap",
+        "key": "request",
+    }
+    assert {m["mountPath"] for m in init["volumeMounts"]} == {"/var/lib/postgresql/data", "/etc/statefleet"}
+    plain = plan(PLUGIN, observed({"version": "15", "storage": {"size": "1Gi"}}), CATALOG, "uid-1")
+    assert (
+        "initContainers"
+        not in by_kind(plain.children)[("StatefulsetRollout", "demo")]["spec"]["statefulSet"]["template"][
+            "spec"
+        ]
+    )
+
+
+def test_a_physical_backup_starts_only_its_own_major_version() -> None:
+    assert PLUGIN.restored_spec({"instances": 2}, "15.14", "physical") == {"instances": 2, "version": "15"}
+    with pytest.raises(ValueError, match="version 17"):
+        PLUGIN.restored_spec({"version": "17"}, "15.14", "physical")
+    assert PLUGIN.restored_spec({"version": "17"}, "15.14", "logical") == {"version": "17"}

@@ -1,0 +1,5 @@
+import sys
+
+from backup.run import main
+
+sys.exit(main())

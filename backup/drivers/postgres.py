@@ -1,0 +1,276 @@
+"""The Postgres backup driver: pg_basebackup (physical) and pg_dump (logical), streamed.
+
+Runs inside the backup Job with the PostgreSQL 17 client, which reads every server version
+the catalog offers. The connection comes from the environment (PGHOST, PGPORT, PGUSER,
+PGPASSWORD, PGSSLMODE; REPLICATION_USER and REPLICATION_PASSWORD for the physical kind).
+
+Logical: the roles (pg_dumpall --globals-only, without the instance's own system roles) and
+one pg_dump custom-format archive per database. Physical: one tar of the data directory with
+the WAL it needs (pg_basebackup -Ft -X fetch), restored by a new instance's first pod.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+import shutil
+import subprocess
+import tarfile
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from backup.drivers import CheckFailed, Sink, Source, Taken
+from backup.manifest import Manifest, PhysicalPosition
+from backup.storage import CHUNK
+
+# Roles every instance creates for itself: a restore keeps the target's own.
+SYSTEM_ROLES = frozenset({"postgres", "streaming_replica"})
+ROLE_STATEMENT = re.compile(r'^(?:CREATE|ALTER|COMMENT ON) ROLE ("(?:[^"]|"")*"|[^\s;]+)')
+
+
+class CommandFailed(Exception):
+    pass
+
+
+def filter_globals(sql: str, skip: frozenset[str] = SYSTEM_ROLES) -> str:
+    """pg_dumpall's globals without the statements that create or change the `skip` roles."""
+    kept = []
+    for line in sql.splitlines():
+        match = ROLE_STATEMENT.match(line)
+        if match:
+            name = match.group(1)
+            name = name[1:-1].replace('""', '"') if name.startswith('"') else name
+            if name in skip:
+                continue
+        kept.append(line)
+    return "\n".join(kept) + "\n"
+
+
+START = re.compile(r"start point: ([0-9A-F]+/[0-9A-F]+) on timeline (\d+)")
+END = re.compile(r"end point: ([0-9A-F]+/[0-9A-F]+)")
+
+
+def parse_basebackup_log(text: str) -> PhysicalPosition:
+    """The timeline and WAL positions pg_basebackup --verbose reports."""
+    start, end = START.search(text), END.search(text)
+    if not start or not end:
+        raise CommandFailed(f"pg_basebackup did not report its WAL positions: {text[-500:]}")
+    return PhysicalPosition(timeline=int(start.group(2)), startLsn=start.group(1), endLsn=end.group(1))
+
+
+class ChunkReader(io.RawIOBase):
+    """A file over an iterator of chunks, for tarfile's stream mode."""
+
+    def __init__(self, chunks: Iterator[bytes]) -> None:
+        self.chunks, self.pending = chunks, b""
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        while not self.pending:
+            try:
+                self.pending = next(self.chunks)
+            except StopIteration:
+                return 0
+        size = min(len(buffer), len(self.pending))
+        buffer[:size] = self.pending[:size]
+        self.pending = self.pending[size:]
+        return size
+
+
+class CommandOutput:
+    """A command's stdout as chunks; raises `CommandFailed` with its stderr if it fails. Its
+    stderr goes to a file (never a pipe nobody reads) and is kept in `log` once it ended."""
+
+    def __init__(self, argv: list[str], env: dict[str, str] | None = None) -> None:
+        self.argv, self.env, self.log = argv, env, ""
+
+    def __iter__(self) -> Iterator[bytes]:
+        with tempfile.TemporaryFile() as errors:
+            process = subprocess.Popen(self.argv, stdout=subprocess.PIPE, stderr=errors, env=self.env)
+            assert process.stdout is not None
+            try:
+                while data := process.stdout.read(CHUNK):
+                    yield data
+            finally:
+                process.stdout.close()
+                code = process.wait()
+                errors.seek(0)
+                self.log = errors.read().decode(errors="replace")
+        if code != 0:
+            raise CommandFailed(f"{self.argv[0]} exited with {code}: {self.log.strip()[-1500:]}")
+
+
+def run_streaming_in(argv: list[str], chunks: Iterator[bytes], env: dict[str, str] | None = None) -> str:
+    """Feeds `chunks` to the command's stdin; returns its output, raises `CommandFailed`."""
+    with tempfile.TemporaryFile() as output:
+        process = subprocess.Popen(
+            argv, stdin=subprocess.PIPE, stdout=output, stderr=subprocess.STDOUT, env=env
+        )
+        assert process.stdin is not None
+        broken = False
+        try:
+            for data in chunks:
+                process.stdin.write(data)
+        except BrokenPipeError:
+            broken = True  # it stopped reading: its exit code and output say why
+        finally:
+            try:
+                process.stdin.close()
+            except BrokenPipeError:
+                broken = True
+        code = process.wait()
+        output.seek(0)
+        text = output.read().decode(errors="replace")
+    if code != 0 or broken:
+        raise CommandFailed(f"{argv[0]} exited with {code}: {text.strip()[-1500:]}")
+    return text
+
+
+def connect(dbname: str = "postgres") -> psycopg.Connection:
+    return psycopg.connect(
+        dbname=dbname, autocommit=True, connect_timeout=10, application_name="statefleet-backup"
+    )
+
+
+def databases() -> list[str]:
+    with connect() as conn:
+        rows = conn.execute(
+            "SELECT datname FROM pg_database WHERE datallowconn AND NOT datistemplate ORDER BY datname"
+        ).fetchall()
+    return [r[0] for r in rows]
+
+
+def server_version() -> str:
+    with connect() as conn:
+        return str(conn.execute("SHOW server_version").fetchone()[0]).split()[0]
+
+
+def system_identifier() -> str:
+    """What makes a cluster itself: a physical copy keeps it, a logical one does not."""
+    with connect() as conn:
+        return str(conn.execute("SELECT system_identifier FROM pg_control_system()").fetchone()[0])
+
+
+RESTORED_MARK = "statefleet-restored"  # start.sh starts a server that has it as the new primary
+
+
+def replication_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PGUSER"] = os.environ["REPLICATION_USER"]
+    env["PGPASSWORD"] = os.environ["REPLICATION_PASSWORD"]
+    return env
+
+
+class PostgresDriver:
+    methods = ("logical", "physical")
+
+    def backup(self, method: str, sink: Sink) -> Taken:
+        version = server_version()
+        if method == "physical":
+            argv = ["pg_basebackup", "-D", "-", "-Ft", "-X", "fetch", "-c", "fast", "--no-manifest", "-v"]
+            identifier = system_identifier()
+            tar = CommandOutput(argv, replication_env())
+            sink.write_object("base.tar", iter(tar))
+            details = {"systemIdentifier": identifier}
+            return Taken(version, physical=parse_basebackup_log(tar.log), details=details)
+        roles = b"".join(CommandOutput(["pg_dumpall", "--globals-only", "--no-tablespaces"]))
+        sink.write_object("globals.sql", iter([filter_globals(roles.decode()).encode()]))
+        listed = []
+        for index, name in enumerate(databases()):
+            object_name = f"db/{index:04d}.dump"
+            stored = sink.write_object(object_name, iter(CommandOutput(["pg_dump", "-Fc", "--dbname", name])))
+            listed.append({"name": name, "object": object_name, "size": stored.size})
+        return Taken(version, details={"databases": listed})
+
+    def restore(self, manifest: Manifest, source: Source) -> dict[str, Any]:
+        if manifest.method != "logical":
+            raise CommandFailed(
+                f"a {manifest.method} backup is restored by a new instance's first pod, not by a Job"
+            )
+        wanted = manifest.details.get("databases", [])
+        existing = set(databases())
+        clashes = sorted(d["name"] for d in wanted if d["name"] != "postgres" and d["name"] in existing)
+        if clashes:
+            raise CommandFailed(
+                f"the target already has the databases {', '.join(clashes)}: restore into a new instance"
+            )
+        output = run_streaming_in(
+            ["psql", "--no-psqlrc", "--quiet", "--dbname", "postgres", "-f", "-"], source("globals.sql")
+        )
+        role_errors = [line for line in output.splitlines() if "ERROR:" in line]
+        for database in wanted:
+            if database["name"] == "postgres":
+                argv = ["pg_restore", "--exit-on-error", "--single-transaction", "--dbname", "postgres"]
+            else:
+                argv = ["pg_restore", "--exit-on-error", "--create", "--dbname", "postgres"]
+            run_streaming_in(argv, source(database["object"]))
+        return {"databases": [d["name"] for d in wanted], "roleErrors": role_errors[:20]}
+
+    def bootstrap_wanted(self) -> str | None:
+        """Why this pod must not take a physical backup's data (None: it must): only the first
+        pod of a cluster that never had a primary, with an empty data directory."""
+        pgdata = Path(os.environ["PGDATA"])
+        if os.environ.get("POD_NAME") != os.environ.get("BOOTSTRAP_PRIMARY"):
+            return "not the first pod: it clones the primary"
+        if Path("/etc/statefleet/cluster-state").read_text().strip() != "new":
+            return "the cluster has had a primary"
+        if (pgdata / "PG_VERSION").exists():
+            return f"{pgdata} holds a cluster already"
+        return None
+
+    def bootstrap(self, manifest: Manifest, source: Source) -> dict[str, Any]:
+        """A physical backup into this pod's empty data directory: extracted aside, then moved
+        into place only once the whole tar was read and its checksum matched."""
+        pgdata = Path(os.environ["PGDATA"])
+        partial = pgdata.with_name(pgdata.name + ".restoring")
+        shutil.rmtree(partial, ignore_errors=True)
+        partial.mkdir(mode=0o700)
+        with tarfile.open(fileobj=ChunkReader(source("base.tar")), mode="r|") as tar:
+            tar.extractall(partial, filter="data")
+        (partial / RESTORED_MARK).write_text(f"{manifest.namespace}/{manifest.backup}\n")
+        (partial / "standby.signal").unlink(missing_ok=True)
+        partial.chmod(0o700)
+        if pgdata.exists():
+            shutil.rmtree(pgdata)
+        partial.rename(pgdata)
+        return {"restored": str(pgdata), "systemIdentifier": manifest.details.get("systemIdentifier")}
+
+    def check(self, manifest: Manifest, query: str | None, database: str | None) -> dict[str, Any]:
+        identifier = system_identifier()
+        expected = manifest.details.get("systemIdentifier")
+        if manifest.method == "physical" and expected and identifier != expected:
+            raise CheckFailed(
+                f"the instance does not hold this backup's cluster: system identifier {identifier}, "
+                f"the backup's {expected}"
+            )
+        rows: dict[str, int] = {}
+        for name in databases():
+            with connect(name) as conn:
+                tables = conn.execute(
+                    "SELECT format('%I.%I', schemaname, tablename) FROM pg_tables"
+                    " WHERE schemaname NOT IN ('pg_catalog', 'information_schema')"
+                ).fetchall()
+                # Every row read: a table that cannot be read fails the check.
+                rows[name] = sum(conn.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for (t,) in tables)
+        result: dict[str, Any] = {"rows": rows, "systemIdentifier": identifier}
+        if query:
+            with connect(database or "postgres") as conn:
+                try:
+                    found = conn.execute(query).fetchone()
+                except psycopg.Error as error:
+                    raise CheckFailed(f"spec.verify.query failed: {error}") from error
+            value = found[0] if found else None
+            if not value:
+                raise CheckFailed(f"spec.verify.query returned {value!r}: it must return true or non-zero")
+            result["query"] = str(value)
+        return result
+
+
+DRIVER = PostgresDriver()

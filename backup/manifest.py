@@ -1,0 +1,68 @@
+"""A backup's manifest: written last, so a backup without one does not exist.
+
+Layout of a backup in its bucket:
+  <prefix>/<namespace>/<kind>/<instance>/<backup>-<uid8>/<object>...   the data, streamed
+  <prefix>/<namespace>/<kind>/<instance>/<backup>-<uid8>/manifest.json  what they are
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from backup.storage import object_key
+
+MANIFEST = "manifest.json"
+FORMAT = 1
+
+
+class ManifestObject(BaseModel):
+    name: str  # the driver's name for it, e.g. base.tar, db/orders.dump
+    key: str
+    size: int
+    sha256: str
+
+
+class PhysicalPosition(BaseModel):
+    """Where a physical backup sits in its server's history (Postgres: WAL positions)."""
+
+    timeline: int
+    start_lsn: str = Field(alias="startLsn")
+    end_lsn: str = Field(alias="endLsn")
+
+    model_config = {"populate_by_name": True}
+
+
+class Manifest(BaseModel):
+    format: int = FORMAT
+    namespace: str
+    backup: str
+    uid: str
+    kind: str  # the service's kind, e.g. Postgres
+    instance: str
+    version: str  # the server's version when it was taken, e.g. 17.2
+    method: str  # logical or physical
+    started_at: str = Field(alias="startedAt")
+    finished_at: str = Field(alias="finishedAt")
+    objects: list[ManifestObject]
+    physical: PhysicalPosition | None = None
+    details: dict[str, Any] = Field(default_factory=dict)  # the driver's own (databases, sizes)
+
+    model_config = {"populate_by_name": True}
+
+    @property
+    def size(self) -> int:
+        return sum(o.size for o in self.objects)
+
+    def to_json(self) -> bytes:
+        return self.model_dump_json(by_alias=True, exclude_none=True, indent=1).encode()
+
+
+def location(prefix: str, namespace: str, kind: str, instance: str, backup: str, uid: str) -> str:
+    """The key prefix of one backup: unique per Backup object, stable across operator restarts."""
+    return object_key(prefix, namespace, kind.lower(), instance, f"{backup}-{uid[:8]}")
+
+
+def manifest_key(backup_location: str) -> str:
+    return object_key(backup_location, MANIFEST)

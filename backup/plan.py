@@ -1,0 +1,429 @@
+"""`BackupPlan`: Backups on a cron schedule, retried with backoff after a failure, pruned by
+retention. The decision is a pure function of the clock, the plan and its Backups
+(`plan_backups`); the kind only reads, creates and deletes.
+
+A plan's Backups carry its label, not an owner reference: deleting a plan never deletes a
+backup. They are created with deletionPolicy Delete, so pruning one removes its objects.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from lightkube import AsyncClient, codecs
+from lightkube.core.exceptions import ApiError
+from lightkube.types import PatchType
+from pydantic import Field, field_validator
+
+from backup.resources import COMPLETED, FAILED, BackupKind, RestoreKind
+from backup.retention import Candidate, RetentionSpec, to_prune
+from backup.schedule import Schedule, ScheduleError
+from framework import conditions
+from framework.api import post_event
+from framework.binding import ServiceRef
+from framework.conditions import Condition
+from framework.inservice import InServiceKind, Outcome, Ref
+from framework.plugin import LABEL_MANAGED_BY, LABEL_PART_OF, MANAGER, ServicePlugin
+from framework.reconcile import API_VERSION, EventNote
+from framework.spec import ApiModel
+
+PLAN_LABEL = "statefleet.dev/backup-plan"
+VERIFY_LABEL = "statefleet.dev/verification"
+RETRY_FIRST, RETRY_MAX = 60.0, 3600.0  # seconds: 1 min, 2, 4 ... at most an hour
+TIME_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
+
+
+class VerifySpec(ApiModel):
+    enabled: bool = Field(default=False, description="Restore each new backup into a throwaway instance.")
+    query: str | None = Field(
+        default=None, description="Run on the restored copy; its first value must be true or non-zero."
+    )
+    database: str = Field(default="postgres", description="Where the query runs.")
+
+
+class BackupPlanSpec(ApiModel):
+    service: ServiceRef
+    storage: str = Field(min_length=1, description="The BackupStorage, in the same namespace.")
+    schedule: str = Field(min_length=1, description='Cron, five fields, UTC, e.g. "0 2 * * *"; or @daily.')
+    method: str | None = Field(
+        default=None, description="The kind of backup; the service's first when empty."
+    )
+    retention: RetentionSpec = Field(default_factory=RetentionSpec)
+    suspend: bool = Field(default=False, description="No new backups while true; retention still applies.")
+    deadline_seconds: int = Field(default=6 * 3600, ge=60, description="Each backup Job's time limit.")
+    verify: VerifySpec = Field(
+        default_factory=VerifySpec,
+        description="Restore tests: every table of the copy is read, the query runs, the Backup records "
+        "Verified, the copy is removed.",
+    )
+
+    @field_validator("schedule")
+    @classmethod
+    def valid_schedule(cls, schedule: str) -> str:
+        try:
+            Schedule.parse(schedule)
+        except ScheduleError as error:
+            raise ValueError(str(error)) from error
+        return schedule
+
+
+def parse_time(text: str | None) -> datetime | None:
+    return datetime.strptime(text, TIME_FORMAT).replace(tzinfo=UTC) if text else None
+
+
+def iso(moment: datetime) -> str:
+    return moment.astimezone(UTC).strftime(TIME_FORMAT)
+
+
+@dataclass(frozen=True)
+class PlanDecision:
+    create: str | None  # the name of a Backup to create now
+    scheduled_for: datetime | None  # the schedule time it serves (None: a retry)
+    prune: list[str]
+    wake_at: datetime | None
+    reason: str
+    message: str
+    fields: dict[str, Any] = field(default_factory=dict)
+
+
+def last_fire_at_or_before(schedule: Schedule, since: datetime, now: datetime) -> datetime | None:
+    """The latest time in (since, now] the schedule fired: missed runs make one backup, not many."""
+    latest, moment = None, since
+    for _ in range(100_000):
+        moment = schedule.next_after(moment)
+        if moment > now:
+            break
+        latest = moment
+    return latest
+
+
+def backup_name(plan: str, moment: datetime) -> str:
+    return f"{plan[:44]}-{moment.strftime('%Y%m%d-%H%M%S')}"
+
+
+def plan_backups(
+    now: datetime,
+    name: str,
+    created: datetime,
+    spec: BackupPlanSpec,
+    status: dict[str, Any],
+    backups: list[Candidate],
+) -> PlanDecision:
+    """Pure: whether to start a backup now, what to prune, when to look again."""
+    schedule = Schedule.parse(spec.schedule)
+    last_scheduled = parse_time(status.get("lastScheduleTime")) or created
+    newest_first = sorted(backups, key=lambda b: b.at, reverse=True)
+    active = [b for b in newest_first if b.phase not in (COMPLETED, FAILED)]
+    ended = [b for b in newest_first if b.phase in (COMPLETED, FAILED)]
+    failures = 0
+    for backup in ended:
+        if backup.phase != FAILED:
+            break
+        failures += 1
+    prune = to_prune(backups, spec.retention)
+    completed = next((b for b in ended if b.phase == COMPLETED), None)
+    fields: dict[str, Any] = {
+        "lastBackup": newest_first[0].name if newest_first else None,
+        "lastSuccessfulBackup": completed.name if completed else None,
+        "consecutiveFailures": failures,
+        "backups": len([b for b in backups if b.name not in prune]),
+    }
+    next_due = schedule.next_after(last_scheduled)
+    fields["nextScheduleTime"] = iso(next_due)
+    if spec.suspend:
+        return PlanDecision(None, None, prune, None, "Suspended", "spec.suspend: no new backups", fields)
+    if active:  # one at a time: a run the schedule asked for meanwhile starts once it ends
+        return PlanDecision(
+            None, None, prune, None, "BackupRunning", f"Backup {active[0].name} is {active[0].phase}", fields
+        )
+    due = last_fire_at_or_before(schedule, last_scheduled, now)
+    if due is not None:
+        fields["lastScheduleTime"] = iso(due)
+        fields["nextScheduleTime"] = iso(schedule.next_after(due))
+        create = backup_name(name, now)
+        return PlanDecision(create, due, prune, None, "BackupStarted", f"Backup {create} started", fields)
+    if failures:
+        delay = min(RETRY_FIRST * 2 ** (failures - 1), RETRY_MAX)
+        retry_at = ended[0].at + timedelta(seconds=delay)
+        if retry_at < next_due:
+            fields["nextRetryTime"] = iso(retry_at)
+            if now >= retry_at:
+                create = backup_name(name, now)
+                message = f"Backup {create} retries after {failures} failed (the last: {ended[0].name})"
+                return PlanDecision(create, None, prune, None, "Retrying", message, fields)
+            message = f"{failures} failed in a row; the next attempt at {iso(retry_at)}"
+            return PlanDecision(None, None, prune, retry_at, "BackingOff", message, fields)
+    fields["nextRetryTime"] = None
+    if completed and not failures:
+        return PlanDecision(
+            None, None, prune, next_due, "Scheduled", f"next backup at {iso(next_due)}", fields
+        )
+    if failures:
+        message = f"{failures} failed in a row (the last: {ended[0].name}); the next at {iso(next_due)}"
+        return PlanDecision(None, None, prune, next_due, "LastBackupFailed", message, fields)
+    return PlanDecision(None, None, prune, next_due, "Scheduled", f"first backup at {iso(next_due)}", fields)
+
+
+def build_verify_restore(
+    plan_meta: dict[str, Any], spec: BackupPlanSpec, backup: dict[str, Any]
+) -> dict[str, Any]:
+    """A Restore of `backup` into a throwaway single instance, with the plan's check."""
+    name, uid = backup["metadata"]["name"], backup["metadata"]["uid"]
+    check: dict[str, Any] = {"database": spec.verify.database}
+    if spec.verify.query:
+        check["query"] = spec.verify.query
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "Restore",
+        "metadata": {
+            "name": f"{name[:50]}-verify",
+            "namespace": plan_meta["namespace"],
+            "labels": {
+                LABEL_MANAGED_BY: MANAGER,
+                LABEL_PART_OF: "statefleet",
+                PLAN_LABEL: plan_meta["name"],
+                VERIFY_LABEL: "true",
+            },
+        },
+        "spec": {
+            "backup": name,
+            "target": {
+                "kind": spec.service.kind,
+                "name": f"{plan_meta['name'][:24]}-verify-{uid[:6]}",
+                "spec": {"instances": 1, "deletionPolicy": "Delete"},
+            },
+            "check": check,
+        },
+    }
+
+
+async def record_verification(
+    client: AsyncClient, backup: dict[str, Any], passed: bool, message: str
+) -> None:
+    status = backup.get("status") or {}
+    verified = Condition(
+        "Verified", passed, "RestoreTestPassed" if passed else "RestoreTestFailed", message[:1000]
+    )
+    merged = conditions.merge_conditions(
+        status.get("conditions"), [verified], backup["metadata"].get("generation", 0)
+    )
+    await client.patch(
+        BackupKind.resource().Status,
+        backup["metadata"]["name"],
+        {"status": {"conditions": merged}},
+        namespace=backup["metadata"]["namespace"],
+        patch_type=PatchType.MERGE,
+    )
+
+
+async def delete_quietly(client: AsyncClient, resource: Any, name: str, namespace: str) -> None:
+    try:
+        await client.delete(resource, name, namespace=namespace)
+    except ApiError as error:
+        if error.status.code != 404:
+            raise
+
+
+def candidate(body: dict[str, Any]) -> Candidate:
+    status = body.get("status") or {}
+    at = parse_time(status.get("completedAt")) or parse_time(body["metadata"]["creationTimestamp"])
+    verified = any(
+        c.get("type") == "Verified" and c.get("status") == "True" for c in status.get("conditions") or []
+    )
+    return Candidate(body["metadata"]["name"], status.get("phase") or "Pending", at, verified)
+
+
+class BackupPlanKind(InServiceKind):
+    kind = "BackupPlan"
+    plural = "backupplans"
+    spec_model = BackupPlanSpec
+    finalizes = False
+
+    def __init__(self, plugins: list[ServicePlugin]) -> None:
+        self.plugins = {p.kind: p for p in plugins}
+
+    async def reconcile(self, client: AsyncClient, body: dict[str, Any], spec: BackupPlanSpec) -> Outcome:
+        meta = body["metadata"]
+        namespace, name = meta["namespace"], meta["name"]
+        resource = BackupKind.resource()
+        backups = [
+            b.to_dict() async for b in client.list(resource, namespace=namespace, labels={PLAN_LABEL: name})
+        ]
+        now = datetime.now(UTC)
+        created = parse_time(meta["creationTimestamp"]) or now
+        decision = plan_backups(
+            now, name, created, spec, body.get("status") or {}, [candidate(b) for b in backups]
+        )
+        events = []
+        for old in decision.prune:
+            try:
+                await client.delete(resource, old, namespace=namespace)
+                events.append(EventNote("Normal", "Pruned", f"Backup {old} deleted by retention"))
+            except ApiError as error:
+                if error.status.code != 404:
+                    raise
+        created_ref: frozenset[Ref] = frozenset()
+        if decision.create:
+            await client.create(codecs.from_dict(self.build_backup(body, spec, decision.create)))
+            created_ref = frozenset({Ref("Backup", decision.create)})
+            events.append(EventNote("Normal", decision.reason, decision.message))
+        depends = frozenset(Ref("Backup", b["metadata"]["name"]) for b in backups) | created_ref
+        verification: dict[str, Any] = {}
+        if spec.verify.enabled:
+            verification, verify_events, verify_refs = await self.verify(
+                client, body, spec, backups, decision.prune
+            )
+            events.extend(verify_events)
+            depends |= verify_refs
+        # A Backup's changes call for a pass (it ends, or is deleted); the clock calls for the rest.
+        retry_in = 300.0
+        if decision.wake_at is not None:
+            retry_in = min(retry_in, max(1.0, (decision.wake_at - now).total_seconds()))
+        ready, reason, message = (
+            decision.reason in ("Scheduled", "BackupRunning", "BackupStarted", "Suspended"),
+            decision.reason,
+            decision.message,
+        )
+        last = (
+            verification.get("lastVerification") or (body.get("status") or {}).get("lastVerification") or {}
+        )
+        if ready and last.get("result") == "Failed":
+            ready, reason = False, "VerificationFailed"
+            message = f"Backup {last.get('backup')} failed its restore test: {last.get('message')}"
+        return Outcome(
+            ready,
+            reason,
+            message,
+            fields={**decision.fields, **verification},
+            depends_on=depends,
+            retry_in=retry_in,
+            events=tuple(events),
+        )
+
+    async def verify(
+        self,
+        client: AsyncClient,
+        plan: dict[str, Any],
+        spec: BackupPlanSpec,
+        backups: list[dict[str, Any]],
+        pruned: list[str],
+    ) -> tuple[dict[str, Any], list[EventNote], frozenset[Ref]]:
+        """Restore tests, one at a time: the newest completed backup not yet verified is restored
+        into a throwaway instance with a check; the result goes on the Backup (condition
+        Verified) and the plan (`lastVerification`), then the throwaway goes."""
+        meta = plan["metadata"]
+        namespace = meta["namespace"]
+        restores = [
+            r.to_dict()
+            async for r in client.list(
+                RestoreKind.resource(),
+                namespace=namespace,
+                labels={PLAN_LABEL: meta["name"], VERIFY_LABEL: "true"},
+            )
+        ]
+        fields: dict[str, Any] = {}
+        events: list[EventNote] = []
+        refs: set[Ref] = set()
+        by_name = {b["metadata"]["name"]: b for b in backups}
+        for restore in restores:
+            status = restore.get("status") or {}
+            backup_name = restore["spec"]["backup"]
+            if status.get("phase") not in (COMPLETED, FAILED):
+                refs.add(Ref("Restore", restore["metadata"]["name"]))
+                continue
+            passed = status["phase"] == COMPLETED
+            check = (status.get("details") or {}).get("check") or {}
+            message = (
+                f"restored into a throwaway instance; rows read: {check.get('rows')}"
+                if passed
+                else f"{status.get('reason')}: {status.get('message')}"
+            )
+            backup = by_name.get(backup_name)
+            if backup is not None:
+                await record_verification(client, backup, passed, message)
+                note = EventNote(
+                    "Normal" if passed else "Warning",
+                    "Verified" if passed else "VerificationFailed",
+                    f"Backup {backup_name}: {message}",
+                )
+                await post_event(client, "Backup", backup, note)
+                events.append(note)
+            fields["lastVerification"] = {
+                "backup": backup_name,
+                "result": "Passed" if passed else "Failed",
+                "message": message[:1000],
+                "at": iso(datetime.now(UTC)),
+            }
+            target = restore["spec"]["target"]
+            plugin = self.plugins.get(target["kind"])
+            if plugin is not None and status.get("createdTarget"):
+                await delete_quietly(client, plugin.resource(), target["name"], namespace)
+            await delete_quietly(client, RestoreKind.resource(), restore["metadata"]["name"], namespace)
+        if refs:
+            return fields, events, frozenset(refs)
+        verifying = {r["spec"]["backup"] for r in restores}
+        for backup in sorted(backups, key=lambda b: candidate(b).at, reverse=True):
+            found = candidate(backup)
+            status = backup.get("status") or {}
+            if found.phase != COMPLETED or found.name in pruned:
+                continue
+            if found.name in verifying or conditions.find(status.get("conditions"), "Verified"):
+                break  # the newest is verified (or just was): older ones are not tested again
+            restore = build_verify_restore(meta, spec, backup)
+            await client.create(codecs.from_dict(restore))
+            refs.add(Ref("Restore", restore["metadata"]["name"]))
+            break
+        return fields, events, frozenset(refs)
+
+    def build_backup(self, plan: dict[str, Any], spec: BackupPlanSpec, name: str) -> dict[str, Any]:
+        backup_spec: dict[str, Any] = {
+            "service": spec.service.to_api(),
+            "storage": spec.storage,
+            "deletionPolicy": "Delete",
+            "deadlineSeconds": spec.deadline_seconds,
+        }
+        if spec.method:
+            backup_spec["method"] = spec.method
+        return {
+            "apiVersion": API_VERSION,
+            "kind": "Backup",
+            "metadata": {
+                "name": name,
+                "namespace": plan["metadata"]["namespace"],
+                "labels": {
+                    LABEL_MANAGED_BY: MANAGER,
+                    LABEL_PART_OF: "statefleet",
+                    PLAN_LABEL: plan["metadata"]["name"],
+                },
+            },
+            "spec": backup_spec,
+        }
+
+    def status_properties(self) -> dict[str, Any]:
+        string = {"type": "string"}
+        return {
+            "lastScheduleTime": string,
+            "nextScheduleTime": string,
+            "nextRetryTime": string,
+            "lastBackup": string,
+            "lastSuccessfulBackup": string,
+            "consecutiveFailures": {"type": "integer"},
+            "backups": {"type": "integer", "description": "the plan's backups retention keeps"},
+            "lastVerification": {
+                "type": "object",
+                "description": "the last restore test: which backup, Passed or Failed, why, when",
+                "properties": {"backup": string, "result": string, "message": string, "at": string},
+            },
+        }
+
+    def printer_columns(self) -> list[dict[str, Any]]:
+        return [
+            {"name": "Service", "type": "string", "jsonPath": ".spec.service.name"},
+            {"name": "Schedule", "type": "string", "jsonPath": ".spec.schedule"},
+            {"name": "Last", "type": "string", "jsonPath": ".status.lastSuccessfulBackup"},
+            {"name": "Next", "type": "string", "jsonPath": ".status.nextScheduleTime"},
+            {"name": "Reason", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Ready")].reason'},
+            {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+        ]

@@ -1,0 +1,229 @@
+"""What a backup or restore Job runs (`python -m backup`): the service-neutral half of the work.
+
+The request comes as JSON in STATEFLEET_BACKUP_REQUEST (see `backup.job`), the storage's keys
+as AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, the service's connection as its driver reads it.
+Progress goes to stdout as JSON lines (the operator reads the last one); the outcome goes to
+the pod's termination message, where the operator reads it when the Job ends.
+
+Backup: the driver streams each object to S3 (multipart, sha256 on the way), then the manifest
+is written, last. Restore: the manifest is read, every object is read once and checked against
+its sha256 before the driver applies anything, and checked again while it is applied.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import sys
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from botocore.exceptions import BotoCoreError, ClientError
+
+from backup import drivers
+from backup.manifest import Manifest, ManifestObject, manifest_key
+from backup.storage import (
+    ChecksumMismatch,
+    S3Spec,
+    StorageError,
+    StoredObject,
+    Upload,
+    explain,
+    object_key,
+    put_bytes,
+    read_chunks,
+    s3_client,
+    verify,
+)
+
+TERMINATION_LOG = Path("/dev/termination-log")
+PROGRESS_EVERY = 2.0  # seconds
+
+
+def now_iso() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def say(kind: str, payload: dict[str, Any]) -> None:
+    print(json.dumps({kind: payload}), flush=True)
+
+
+def conclude(payload: dict[str, Any]) -> None:
+    """The outcome, as the last log line and the termination message (at most 4 KiB)."""
+    text = json.dumps(payload)
+    print(text, flush=True)
+    with contextlib.suppress(OSError):  # not in a pod
+        TERMINATION_LOG.write_text(text[:4000])
+
+
+class Progress:
+    def __init__(self) -> None:
+        self.bytes, self.objects, self.said = 0, 0, 0.0
+
+    def add(self, size: int, name: str) -> None:
+        self.bytes += size
+        moment = time.monotonic()
+        if moment - self.said >= PROGRESS_EVERY:
+            self.said = moment
+            say("progress", {"bytes": self.bytes, "objects": self.objects, "object": name})
+
+
+class S3Sink:
+    def __init__(self, client: Any, spec: S3Spec, location: str, progress: Progress) -> None:
+        self.client, self.spec, self.location, self.progress = client, spec, location, progress
+        self.written: list[ManifestObject] = []
+
+    def write_object(self, name: str, chunks: Iterator[bytes]) -> StoredObject:
+        upload = Upload(self.client, self.spec, object_key(self.location, name))
+        try:
+            for data in chunks:
+                upload.write(data)
+                self.progress.add(len(data), name)
+            stored = upload.finish()
+        except BaseException:
+            upload.abort()
+            raise
+        self.progress.objects += 1
+        self.written.append(ManifestObject(name=name, key=stored.key, size=stored.size, sha256=stored.sha256))
+        return stored
+
+
+def take_backup(request: dict[str, Any], client: Any, spec: S3Spec) -> dict[str, Any]:
+    started = now_iso()
+    driver = drivers.load(request["driver"])
+    progress = Progress()
+    sink = S3Sink(client, spec, request["location"], progress)
+    taken = driver.backup(request["method"], sink)
+    manifest = Manifest(
+        namespace=request["backup"]["namespace"],
+        backup=request["backup"]["name"],
+        uid=request["backup"]["uid"],
+        kind=request["service"]["kind"],
+        instance=request["service"]["name"],
+        version=taken.version,
+        method=request["method"],
+        startedAt=started,
+        finishedAt=now_iso(),
+        objects=sink.written,
+        physical=taken.physical,
+        details=taken.details,
+    )
+    key = manifest_key(request["location"])
+    put_bytes(client, spec, key, manifest.to_json())  # last: from now on the backup exists
+    result: dict[str, Any] = {
+        "manifest": key,
+        "bytes": manifest.size,
+        "objects": len(manifest.objects),
+        "version": manifest.version,
+        "startedAt": manifest.started_at,
+        "finishedAt": manifest.finished_at,
+    }
+    if manifest.physical:
+        result["physical"] = manifest.physical.model_dump(by_alias=True)
+    return result
+
+
+def read_manifest(client: Any, spec: S3Spec, location: str) -> Manifest:
+    key = manifest_key(location)
+    try:
+        raw = b"".join(read_chunks(client, spec, key))
+    except (BotoCoreError, ClientError) as error:
+        found = explain(error, spec.bucket)
+        if found.reason == "ObjectNotFound":
+            raise StorageError(
+                "ManifestMissing", f"{key} does not exist: the backup never completed"
+            ) from error
+        raise found from error
+    return Manifest.model_validate_json(raw)
+
+
+def checked_chunks(client: Any, spec: S3Spec, entry: ManifestObject, progress: Progress) -> Iterator[bytes]:
+    """The object's bytes, checked against the manifest again as they stream."""
+    digest, size = hashlib.sha256(), 0
+    for data in read_chunks(client, spec, entry.key):
+        digest.update(data)
+        size += len(data)
+        progress.add(len(data), entry.name)
+        yield data
+    if digest.hexdigest() != entry.sha256 or size != entry.size:
+        raise ChecksumMismatch(entry.key, entry.sha256, digest.hexdigest(), size)
+
+
+def restore(request: dict[str, Any], client: Any, spec: S3Spec) -> dict[str, Any]:
+    manifest = read_manifest(client, spec, request["location"])
+    objects = {o.name: o for o in manifest.objects}
+    for entry in manifest.objects:  # every object checked before anything is applied
+        verify(client, spec, entry.key, entry.sha256, entry.size)
+        say("progress", {"verified": entry.name})
+    progress = Progress()
+
+    def source(name: str) -> Iterator[bytes]:
+        return checked_chunks(client, spec, objects[name], progress)
+
+    driver = drivers.load(request["driver"])
+    details = driver.restore(manifest, source)
+    if "check" in request:
+        say("progress", {"checking": True})
+        details["check"] = driver.check(
+            manifest, request["check"].get("query"), request["check"].get("database")
+        )
+    return {"bytes": progress.bytes, "objects": len(manifest.objects), "details": details}
+
+
+def check(request: dict[str, Any], client: Any, spec: S3Spec) -> dict[str, Any]:
+    """An instance that started from a physical backup: is it that backup, does it read well."""
+    manifest = read_manifest(client, spec, request["location"])
+    wanted = request.get("check") or {}
+    details = {
+        "check": drivers.load(request["driver"]).check(manifest, wanted.get("query"), wanted.get("database"))
+    }
+    return {"bytes": 0, "objects": len(manifest.objects), "details": details}
+
+
+def bootstrap(request: dict[str, Any], client: Any, spec: S3Spec) -> dict[str, Any]:
+    """In a new instance's first pod (an init container): a physical backup becomes its data."""
+    driver = drivers.load(request["driver"])
+    why_not = driver.bootstrap_wanted()
+    if why_not:
+        return {"skipped": why_not}
+    manifest = read_manifest(client, spec, request["location"])
+    if manifest.method != "physical":
+        return {"skipped": f"a {manifest.method} backup is restored once the instance runs"}
+    objects = {o.name: o for o in manifest.objects}
+    for entry in manifest.objects:
+        verify(client, spec, entry.key, entry.sha256, entry.size)
+        say("progress", {"verified": entry.name})
+    progress = Progress()
+    return driver.bootstrap(manifest, lambda name: checked_chunks(client, spec, objects[name], progress))
+
+
+def fail(reason: str, message: str) -> int:
+    conclude({"error": {"reason": reason, "message": message[:3000]}})
+    return 1
+
+
+def main() -> int:
+    request = json.loads(os.environ["STATEFLEET_BACKUP_REQUEST"])
+    spec = S3Spec.model_validate(request["storage"])
+    try:
+        client = s3_client(spec, os.environ["AWS_ACCESS_KEY_ID"], os.environ["AWS_SECRET_ACCESS_KEY"])
+        actions = {"backup": take_backup, "restore": restore, "check": check, "bootstrap": bootstrap}
+        result = actions[request["action"]](request, client, spec)
+    except StorageError as error:
+        return fail(error.reason, str(error))
+    except (BotoCoreError, ClientError) as error:
+        found = explain(error, spec.bucket)
+        return fail(found.reason, str(found))
+    except Exception as error:
+        return fail(type(error).__name__, str(error))
+    conclude({"result": result})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,247 @@
+"""S3 storage for backups: any S3-compatible store through boto3.
+
+Objects are streamed: an upload holds at most `in_flight + 1` parts in memory whatever the
+size of the backup, and a download reads fixed-size chunks. Every object's sha256 is computed
+on the way, so the manifest can name it and a restore can check it before applying anything.
+boto3 blocks: the operator calls it through `asyncio.to_thread`, the backup jobs directly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import boto3
+from botocore.config import Config
+from botocore.exceptions import BotoCoreError, ClientError, EndpointConnectionError
+from pydantic import Field
+
+from framework.spec import ApiModel
+
+BUCKET_PATTERN = r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$"
+MiB = 1024 * 1024
+PART_SIZE = 16 * MiB  # S3 allows 10,000 parts: 160 GiB per object at this size, more with a bigger one
+IN_FLIGHT = 3  # parts uploading while the next one fills
+CHUNK = 1 * MiB
+
+
+class S3Spec(ApiModel):
+    endpoint: str | None = Field(
+        default=None,
+        pattern=r"^https?://[^\s/]+(/.*)?$",
+        description="The S3 endpoint URL, e.g. http://minio.storage:9000; AWS's own when empty.",
+    )
+    region: str = Field(default="us-east-1", min_length=1)
+    bucket: str = Field(pattern=BUCKET_PATTERN, description="The bucket; it must exist.")
+    prefix: str = Field(default="", max_length=512, description="Key prefix of every object, e.g. apps.")
+    path_style: bool = Field(default=True, description="Path-style addressing (most S3 servers but AWS).")
+    server_side_encryption: Literal["AES256", "aws:kms"] | None = Field(
+        default=None, description="Server-side encryption of every object written."
+    )
+    kms_key_id: str | None = Field(default=None, description="The KMS key, with aws:kms.")
+    credentials_secret: str = Field(
+        min_length=1,
+        description="A Secret in the same namespace with AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY.",
+    )
+
+
+CREDENTIAL_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
+
+
+class StorageError(Exception):
+    """A storage failure a user can act on; `reason` is a condition reason."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+def explain(error: Exception, bucket: str) -> StorageError:
+    """A boto3 error as a reason and message a user understands."""
+    if isinstance(error, StorageError):
+        return error
+    if isinstance(error, ClientError):
+        code = str(error.response.get("Error", {}).get("Code", ""))
+        status = error.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        if code in ("NoSuchBucket",) or (code in ("404", "NotFound") and "Bucket" in error.operation_name):
+            return StorageError("BucketNotFound", f"bucket {bucket} does not exist")
+        if code in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "403") or status == 403:
+            return StorageError("AccessDenied", f"the S3 server refused the credentials: {code}")
+        if code in ("NoSuchKey", "404"):
+            return StorageError("ObjectNotFound", f"{error.operation_name}: object not found")
+        return StorageError("S3Error", f"{error.operation_name}: {code}: {error}")
+    if isinstance(error, EndpointConnectionError):
+        return StorageError("Unreachable", f"the S3 server does not answer: {error}")
+    if isinstance(error, BotoCoreError):
+        return StorageError("Unreachable", f"{type(error).__name__}: {error}")
+    return StorageError("S3Error", f"{type(error).__name__}: {error}")
+
+
+def s3_client(spec: S3Spec, access_key: str, secret_key: str) -> Any:
+    config = Config(
+        region_name=spec.region,
+        s3={"addressing_style": "path" if spec.path_style else "virtual"},
+        connect_timeout=5,
+        read_timeout=60,
+        retries={"max_attempts": 4, "mode": "standard"},
+        max_pool_connections=IN_FLIGHT + 4,
+    )
+    return boto3.session.Session().client(
+        "s3",
+        endpoint_url=spec.endpoint,
+        aws_access_key_id=access_key,
+        aws_secret_access_key=secret_key,
+        config=config,
+    )
+
+
+def object_key(*parts: str) -> str:
+    """Parts joined by single slashes, empty parts left out."""
+    return "/".join(p.strip("/") for p in parts if p.strip("/"))
+
+
+def encryption_args(spec: S3Spec) -> dict[str, str]:
+    if not spec.server_side_encryption:
+        return {}
+    args = {"ServerSideEncryption": spec.server_side_encryption}
+    if spec.kms_key_id:
+        args["SSEKMSKeyId"] = spec.kms_key_id
+    return args
+
+
+@dataclass(frozen=True)
+class StoredObject:
+    key: str
+    size: int
+    sha256: str
+
+
+class Upload:
+    """One object written as a stream: `write` as the bytes come, `finish` once, `abort` on failure
+    (nothing is left behind: an unfinished multipart upload is aborted, and is never an object)."""
+
+    def __init__(self, client: Any, spec: S3Spec, key: str, part_size: int = PART_SIZE) -> None:
+        self.client, self.spec, self.key, self.part_size = client, spec, key, part_size
+        self.buffer = bytearray()
+        self.digest = hashlib.sha256()
+        self.size = 0
+        self.upload_id: str | None = None
+        self.parts: list[Future[dict[str, Any]]] = []
+        self.pool = ThreadPoolExecutor(max_workers=IN_FLIGHT, thread_name_prefix="upload")
+
+    def write(self, data: bytes) -> None:
+        self.digest.update(data)
+        self.size += len(data)
+        self.buffer += data
+        while len(self.buffer) >= self.part_size:
+            self._send(bytes(self.buffer[: self.part_size]))
+            del self.buffer[: self.part_size]
+
+    def _send(self, part: bytes) -> None:
+        if self.upload_id is None:
+            started = self.client.create_multipart_upload(
+                Bucket=self.spec.bucket, Key=self.key, **encryption_args(self.spec)
+            )
+            self.upload_id = started["UploadId"]
+        # Bounded memory: wait for the oldest part once IN_FLIGHT are on their way.
+        pending = [p for p in self.parts if not p.done()]
+        if len(pending) >= IN_FLIGHT:
+            pending[0].result()
+        number = len(self.parts) + 1
+        self.parts.append(self.pool.submit(self._upload_part, number, part))
+
+    def _upload_part(self, number: int, part: bytes) -> dict[str, Any]:
+        answer = self.client.upload_part(
+            Bucket=self.spec.bucket, Key=self.key, UploadId=self.upload_id, PartNumber=number, Body=part
+        )
+        return {"PartNumber": number, "ETag": answer["ETag"]}
+
+    def finish(self) -> StoredObject:
+        try:
+            if self.upload_id is None:
+                self.client.put_object(
+                    Bucket=self.spec.bucket,
+                    Key=self.key,
+                    Body=bytes(self.buffer),
+                    **encryption_args(self.spec),
+                )
+            else:
+                if self.buffer:
+                    self._send(bytes(self.buffer))
+                parts = [p.result() for p in self.parts]
+                self.client.complete_multipart_upload(
+                    Bucket=self.spec.bucket,
+                    Key=self.key,
+                    UploadId=self.upload_id,
+                    MultipartUpload={"Parts": parts},
+                )
+        except BaseException:
+            self.abort()
+            raise
+        self.pool.shutdown()
+        self.buffer.clear()
+        return StoredObject(self.key, self.size, self.digest.hexdigest())
+
+    def abort(self) -> None:
+        self.pool.shutdown(cancel_futures=True)
+        if self.upload_id is not None:
+            # On failure, the Backup's cleanup or the storage's lifecycle rules remove it.
+            with contextlib.suppress(BotoCoreError, ClientError):
+                self.client.abort_multipart_upload(
+                    Bucket=self.spec.bucket, Key=self.key, UploadId=self.upload_id
+                )
+
+
+def put_bytes(client: Any, spec: S3Spec, key: str, data: bytes) -> StoredObject:
+    client.put_object(Bucket=spec.bucket, Key=key, Body=data, **encryption_args(spec))
+    return StoredObject(key, len(data), hashlib.sha256(data).hexdigest())
+
+
+def read_chunks(client: Any, spec: S3Spec, key: str, chunk: int = CHUNK) -> Iterator[bytes]:
+    body = client.get_object(Bucket=spec.bucket, Key=key)["Body"]
+    try:
+        while data := body.read(chunk):
+            yield data
+    finally:
+        body.close()
+
+
+class ChecksumMismatch(StorageError):
+    def __init__(self, key: str, expected: str, actual: str, size: int) -> None:
+        super().__init__(
+            "ChecksumMismatch",
+            f"object {key} is corrupted: sha256 {actual} ({size} bytes), the manifest says {expected}",
+        )
+
+
+def verify(client: Any, spec: S3Spec, key: str, sha256: str, size: int) -> None:
+    """Reads the whole object and raises `ChecksumMismatch` unless it is what the manifest says."""
+    digest, seen = hashlib.sha256(), 0
+    for data in read_chunks(client, spec, key):
+        digest.update(data)
+        seen += len(data)
+    if digest.hexdigest() != sha256 or seen != size:
+        raise ChecksumMismatch(key, sha256, digest.hexdigest(), seen)
+
+
+def delete_prefix(client: Any, spec: S3Spec, prefix: str, first: str | None = None) -> int:
+    """Deletes every object under `prefix/` (the key `first` before the others, so a backup stops
+    existing before its parts go) and aborts unfinished uploads there. Returns objects deleted."""
+    prefix = prefix.rstrip("/") + "/"
+    deleted = 0
+    if first:
+        client.delete_object(Bucket=spec.bucket, Key=first)
+        deleted += 1
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=spec.bucket, Prefix=prefix):
+        keys = [{"Key": o["Key"]} for o in page.get("Contents", []) if o["Key"] != first]
+        for start in range(0, len(keys), 1000):
+            client.delete_objects(Bucket=spec.bucket, Delete={"Objects": keys[start : start + 1000]})
+            deleted += len(keys[start : start + 1000])
+    uploads = client.list_multipart_uploads(Bucket=spec.bucket, Prefix=prefix).get("Uploads", [])
+    for upload in uploads:
+        client.abort_multipart_upload(Bucket=spec.bucket, Key=upload["Key"], UploadId=upload["UploadId"])
+    return deleted

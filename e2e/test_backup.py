@@ -1,0 +1,469 @@
+"""Backups and restores on the test bed, against a real PostgreSQL and the test bed's real S3
+server: the issue's examples as written, identical data after a restore (checksummed table
+contents), physical backups with their WAL positions, and the faults a user meets (wrong
+credentials, a missing bucket or storage, a tampered object, deletion with its objects)."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import io
+import json
+import tarfile
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import boto3
+import psycopg
+import pytest
+from lightkube import Client
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.core_v1 import Event, Secret, Service
+from lightkube.types import PatchType
+
+from backup.plan import BackupPlanKind
+from backup.resources import BackupKind, BackupStorageKind, RestoreKind
+from e2e.kube import REPO, wait_until
+from e2e.operator_process import OperatorProcess
+from e2e.test_postgres import Postgres, create, wait_ready
+from e2e.test_postgres_users import apply, ready_condition, wait_reason
+
+pytestmark = pytest.mark.e2e
+
+BackupStorage = BackupStorageKind.resource()
+Backup = BackupKind.resource()
+Restore = RestoreKind.resource()
+BackupPlan = BackupPlanKind.resource()
+
+
+def s3_settings() -> dict[str, str]:
+    lines = (REPO / ".testbed" / "s3.env").read_text().splitlines()
+    return dict(line.split("=", 1) for line in lines if "=" in line)
+
+
+def s3_api(settings: dict[str, str], secret: str | None = None) -> Any:
+    return boto3.client(
+        "s3",
+        endpoint_url=settings["S3_ENDPOINT"],
+        aws_access_key_id=settings["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=secret or settings["AWS_SECRET_ACCESS_KEY"],
+        region_name="us-east-1",
+    )
+
+
+@pytest.fixture
+def bucket() -> Iterator[str]:
+    """A bucket of its own per test, emptied and removed afterwards."""
+    name = f"t-{uuid.uuid4().hex[:12]}"
+    api = s3_api(s3_settings())
+    api.create_bucket(Bucket=name)
+    yield name
+    for page in api.get_paginator("list_objects_v2").paginate(Bucket=name):
+        for item in page.get("Contents", []):
+            api.delete_object(Bucket=name, Key=item["Key"])
+    api.delete_bucket(Bucket=name)
+
+
+def storage(kube: Client, namespace: str, name: str, bucket: str, secret_key: str | None = None) -> None:
+    """The issue's BackupStorage, with the test bed's endpoint and keys in a Secret."""
+    settings = s3_settings()
+    secret_name = f"{name}-creds"
+    kube.create(
+        Secret(
+            metadata=ObjectMeta(name=secret_name),
+            stringData={
+                "AWS_ACCESS_KEY_ID": settings["AWS_ACCESS_KEY_ID"],
+                "AWS_SECRET_ACCESS_KEY": secret_key or settings["AWS_SECRET_ACCESS_KEY"],
+            },
+        ),
+        namespace=namespace,
+    )
+    s3 = {
+        "endpoint": settings["S3_ENDPOINT"],
+        "bucket": bucket,
+        "prefix": "apps",
+        "credentialsSecret": secret_name,
+    }
+    apply(kube, BackupStorage, namespace, name, {"s3": s3})
+
+
+def status(kube: Client, resource: Any, namespace: str, name: str) -> dict[str, Any]:
+    return kube.get(resource, name, namespace=namespace).to_dict().get("status") or {}
+
+
+def wait_phase(
+    kube: Client, resource: Any, namespace: str, name: str, phase: str, timeout: float = 240
+) -> dict:
+    def reached() -> dict[str, Any] | None:
+        found = status(kube, resource, namespace, name)
+        if found.get("phase") in ("Completed", "Failed") and found.get("phase") != phase:
+            raise AssertionError(f"{name} ended {found.get('phase')}: {found.get('message')}")
+        return found if found.get("phase") == phase else None
+
+    return wait_until(f"{name} {phase}", reached, timeout, interval=1)
+
+
+def connect_db(kube: Client, namespace: str, instance: str, database: str) -> psycopg.Connection:
+    data = kube.get(Secret, f"{instance}-superuser", namespace=namespace).data
+    host = kube.get(Service, f"{instance}-rw", namespace=namespace).spec.clusterIP
+    return psycopg.connect(
+        host=host,
+        user=base64.b64decode(data["username"]).decode(),
+        password=base64.b64decode(data["password"]).decode(),
+        dbname=database,
+        connect_timeout=5,
+        autocommit=True,
+    )
+
+
+def sql(kube: Client, namespace: str, instance: str, statement: str, database: str = "postgres") -> Any:
+    with connect_db(kube, namespace, instance, database) as conn:
+        row = conn.execute(statement).fetchone()
+        return row[0] if row else None
+
+
+SEED = [
+    "CREATE ROLE shop_owner LOGIN PASSWORD 'x'",
+    "CREATE DATABASE shop OWNER shop_owner",
+]
+SHOP = [
+    "CREATE TABLE orders (id bigint PRIMARY KEY, customer text NOT NULL, total numeric(12,2),"
+    " placed timestamptz)",
+    "INSERT INTO orders SELECT g, 'customer-' || (g % 977), (g * 7 % 10000) / 100.0,"
+    " timestamptz '2026-01-01' + g * interval '1 minute' FROM generate_series(1, 50000) g",
+    "CREATE INDEX orders_customer ON orders (customer)",
+    "ALTER TABLE orders OWNER TO shop_owner",
+]
+CHECKSUM = "SELECT md5(string_agg(o::text, ',' ORDER BY id)) FROM orders o"
+
+
+def seed(kube: Client, namespace: str, instance: str) -> tuple[str, str]:
+    for statement in SEED:
+        sql(kube, namespace, instance, statement)
+    for statement in SHOP:
+        sql(kube, namespace, instance, statement, database="shop")
+    sql(
+        kube,
+        namespace,
+        instance,
+        "CREATE TABLE notes AS SELECT g AS id, md5(g::text) AS body FROM generate_series(1, 999) g",
+    )
+    return (
+        sql(kube, namespace, instance, CHECKSUM, database="shop"),
+        sql(kube, namespace, instance, "SELECT md5(string_agg(body, ',' ORDER BY id)) FROM notes"),
+    )
+
+
+def test_logical_backup_restores_into_a_new_instance_with_identical_data(
+    kube: Client, namespace: str, operator: OperatorProcess, bucket: str
+) -> None:
+    storage(kube, namespace, "s3", bucket)
+    assert "answers" in wait_reason(kube, BackupStorage, namespace, "s3", "Available")
+    create(kube, namespace, "demo", {"version": "17", "storage": {"size": "1Gi"}})
+    wait_ready(kube, namespace, "demo", 1)
+    orders, notes = seed(kube, namespace, "demo")
+
+    apply(
+        kube,
+        Backup,
+        namespace,
+        "demo-now",
+        {"service": {"kind": "Postgres", "name": "demo"}, "storage": "s3", "method": "logical"},
+    )
+    done = wait_phase(kube, Backup, namespace, "demo-now", "Completed")
+    assert done["bytes"] > 100_000
+    assert done["location"].startswith(f"s3://{bucket}/apps/{namespace}/postgres/demo/demo-now-")
+    assert done["version"].startswith("17")
+    assert ready_condition(kube, Backup, namespace, "demo-now")["reason"] == "Completed"
+
+    # The manifest, written last, names every object with its size and sha256.
+    api = s3_api(s3_settings())
+    manifest = json.loads(api.get_object(Bucket=bucket, Key=done["manifest"])["Body"].read())
+    assert manifest["method"] == "logical"
+    assert {d["name"] for d in manifest["details"]["databases"]} >= {"postgres", "shop"}
+    for entry in manifest["objects"]:
+        body = api.get_object(Bucket=bucket, Key=entry["key"])["Body"].read()
+        assert (len(body), hashlib.sha256(body).hexdigest()) == (entry["size"], entry["sha256"])
+    assert sum(o["size"] for o in manifest["objects"]) == done["bytes"]
+
+    apply(
+        kube,
+        Restore,
+        namespace,
+        "demo-copy",
+        {"backup": "demo-now", "target": {"kind": "Postgres", "name": "demo-copy"}},
+    )
+    wait_phase(kube, Restore, namespace, "demo-copy", "Completed", timeout=360)
+    assert sql(kube, namespace, "demo-copy", CHECKSUM, database="shop") == orders
+    assert (
+        sql(kube, namespace, "demo-copy", "SELECT md5(string_agg(body, ',' ORDER BY id)) FROM notes") == notes
+    )
+    owner = "SELECT pg_get_userbyid(datdba) FROM pg_database WHERE datname = 'shop'"
+    assert sql(kube, namespace, "demo-copy", owner) == "shop_owner"
+    # The copy keeps its own superuser: its Secret still opens it.
+    assert sql(kube, namespace, "demo-copy", "SELECT current_user") == "postgres"
+    index = "SELECT count(*) FROM pg_indexes WHERE indexname = 'orders_customer'"
+    assert sql(kube, namespace, "demo-copy", index, database="shop") == 1
+
+    # A second Restore onto the instance that now exists is refused: nothing is overwritten.
+    apply(
+        kube,
+        Restore,
+        namespace,
+        "again",
+        {"backup": "demo-now", "target": {"kind": "Postgres", "name": "demo"}},
+    )
+    refused = wait_phase(kube, Restore, namespace, "again", "Failed")
+    assert refused["reason"] == "TargetExists"
+    assert "spec.target.name" in refused["message"]
+
+
+def test_physical_backup_records_its_wal_positions(
+    kube: Client, namespace: str, operator: OperatorProcess, bucket: str
+) -> None:
+    storage(kube, namespace, "s3", bucket)
+    create(kube, namespace, "demo", {"version": "15", "storage": {"size": "1Gi"}})
+    wait_ready(kube, namespace, "demo", 1)
+    sql(kube, namespace, "demo", "CREATE TABLE t AS SELECT generate_series(1, 10000) AS id")
+
+    # Before its storage exists, a backup waits and says why; then it goes on by itself.
+    kube.delete(BackupStorage, "s3", namespace=namespace)
+    apply(
+        kube,
+        Backup,
+        namespace,
+        "nightly-1",
+        {"service": {"kind": "Postgres", "name": "demo"}, "storage": "s3", "deletionPolicy": "Delete"},
+    )
+    assert "BackupStorage s3 does not exist" in wait_reason(
+        kube, Backup, namespace, "nightly-1", "StorageNotFound"
+    )
+    storage_spec = {
+        "s3": {"endpoint": s3_settings()["S3_ENDPOINT"], "bucket": bucket, "credentialsSecret": "s3-creds"}
+    }
+    apply(kube, BackupStorage, namespace, "s3", storage_spec)
+    done = wait_phase(kube, Backup, namespace, "nightly-1", "Completed")
+    assert done["method"] == "physical"  # the default
+    assert done["physical"]["timeline"] >= 1
+    assert "/" in done["physical"]["startLsn"]
+    assert "/" in done["physical"]["endLsn"]
+
+    api = s3_api(s3_settings())
+    manifest = json.loads(api.get_object(Bucket=bucket, Key=done["manifest"])["Body"].read())
+    assert manifest["physical"]["startLsn"] == done["physical"]["startLsn"]
+    (base,) = manifest["objects"]
+    data = api.get_object(Bucket=bucket, Key=base["key"])["Body"].read()
+    assert hashlib.sha256(data).hexdigest() == base["sha256"]
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        names = set(tar.getnames())
+    assert {"PG_VERSION", "backup_label", "global/pg_control"} <= names
+    assert any(n.startswith("pg_wal/0000000") for n in names)  # the WAL it needs to start
+
+    # deletionPolicy Delete: deleting the Backup deletes its objects, the manifest first.
+    kube.delete(Backup, "nightly-1", namespace=namespace)
+    prefix = done["manifest"].rsplit("/", 1)[0] + "/"
+    wait_until(
+        "the backup's objects deleted",
+        lambda: api.list_objects_v2(Bucket=bucket, Prefix=prefix).get("KeyCount", 0) == 0,
+        timeout=60,
+    )
+
+    # A physical backup starts a new instance: its first pod's data is the backup's, the
+    # same cluster (system identifier), with the new instance's own passwords.
+    sql(kube, namespace, "demo", "INSERT INTO t SELECT generate_series(10001, 12345)")
+    before = sql(kube, namespace, "demo", "SELECT md5(string_agg(id::text, ',' ORDER BY id)) FROM t")
+    identifier = sql(kube, namespace, "demo", "SELECT system_identifier::text FROM pg_control_system()")
+    service = {"kind": "Postgres", "name": "demo"}
+    apply(kube, Backup, namespace, "nightly-2", {"service": service, "storage": "s3"})
+    wait_phase(kube, Backup, namespace, "nightly-2", "Completed")
+    sql(kube, namespace, "demo", "INSERT INTO t VALUES (99999999)")  # after the backup: not in the copy
+    target = {"kind": "Postgres", "name": "copy", "spec": {"instances": 2}}
+    apply(kube, Restore, namespace, "copy", {"backup": "nightly-2", "target": target})
+    restored = wait_phase(kube, Restore, namespace, "copy", "Completed", timeout=360)
+    assert restored["details"]["check"]["systemIdentifier"] == identifier
+    assert sql(kube, namespace, "copy", "SELECT md5(string_agg(id::text, ',' ORDER BY id)) FROM t") == before
+    copy = wait_ready(kube, namespace, "copy", 2)  # its standby cloned the restored primary
+    assert copy["version"] == "15"
+    spec = kube.get(Postgres, "copy", namespace=namespace).to_dict()["spec"]
+    assert spec["bootstrap"] == {"fromBackup": {"name": "nightly-2"}}
+    # A physical backup of 15 cannot start a 17.
+    target17 = {"kind": "Postgres", "name": "copy17", "spec": {"version": "17"}}
+    apply(kube, Restore, namespace, "copy17", {"backup": "nightly-2", "target": target17})
+    refused = wait_phase(kube, Restore, namespace, "copy17", "Failed")
+    assert refused["reason"] == "TargetRefused"
+    assert "spec.target.spec: version 17" in refused["message"]
+
+
+def test_storage_faults_fail_with_a_clear_reason_and_leave_nothing(
+    kube: Client, namespace: str, operator: OperatorProcess, bucket: str
+) -> None:
+    create(kube, namespace, "demo", {"version": "15", "storage": {"size": "1Gi"}})
+    storage(kube, namespace, "wrongkeys", bucket, secret_key="not-the-key")
+    storage(kube, namespace, "nobucket", f"{bucket}-missing")
+    assert "refused the credentials" in wait_reason(
+        kube, BackupStorage, namespace, "wrongkeys", "AccessDenied"
+    )
+    assert "does not exist" in wait_reason(kube, BackupStorage, namespace, "nobucket", "BucketNotFound")
+    wait_ready(kube, namespace, "demo", 1)
+
+    service = {"kind": "Postgres", "name": "demo"}
+    apply(kube, Backup, namespace, "keys", {"service": service, "storage": "wrongkeys", "method": "logical"})
+    apply(kube, Backup, namespace, "bucket", {"service": service, "storage": "nobucket", "method": "logical"})
+    apply(
+        kube, Backup, namespace, "method", {"service": service, "storage": "nobucket", "method": "snapshot"}
+    )
+    assert wait_phase(kube, Backup, namespace, "keys", "Failed")["reason"] == "AccessDenied"
+    assert wait_phase(kube, Backup, namespace, "bucket", "Failed")["reason"] == "BucketNotFound"
+    unsupported = wait_phase(kube, Backup, namespace, "method", "Failed")
+    assert unsupported["reason"] == "UnsupportedMethod"
+    assert "spec.method" in unsupported["message"]
+    assert s3_api(s3_settings()).list_objects_v2(Bucket=bucket).get("KeyCount", 0) == 0
+
+
+def test_a_tampered_backup_is_refused_before_anything_is_restored(
+    kube: Client, namespace: str, operator: OperatorProcess, bucket: str
+) -> None:
+    storage(kube, namespace, "s3", bucket)
+    create(kube, namespace, "demo", {"version": "15", "storage": {"size": "1Gi"}})
+    wait_ready(kube, namespace, "demo", 1)
+    seed(kube, namespace, "demo")
+    apply(
+        kube,
+        Backup,
+        namespace,
+        "b",
+        {"service": {"kind": "Postgres", "name": "demo"}, "storage": "s3", "method": "logical"},
+    )
+    done = wait_phase(kube, Backup, namespace, "b", "Completed")
+    api = s3_api(s3_settings())
+    manifest = json.loads(api.get_object(Bucket=bucket, Key=done["manifest"])["Body"].read())
+    shop = next(d["object"] for d in manifest["details"]["databases"] if d["name"] == "shop")
+    key = next(o["key"] for o in manifest["objects"] if o["name"] == shop)
+    data = bytearray(api.get_object(Bucket=bucket, Key=key)["Body"].read())
+    data[len(data) // 2] ^= 0xFF  # one flipped byte
+    api.put_object(Bucket=bucket, Key=key, Body=bytes(data))
+
+    apply(kube, Restore, namespace, "copy", {"backup": "b", "target": {"kind": "Postgres", "name": "copy"}})
+    failed = wait_phase(kube, Restore, namespace, "copy", "Failed", timeout=360)
+    assert failed["reason"] == "ChecksumMismatch"
+    assert key in failed["message"]
+    # Nothing was applied: the new instance has neither the roles nor the databases.
+    assert sql(kube, namespace, "copy", "SELECT count(*) FROM pg_database WHERE datname = 'shop'") == 0
+    assert sql(kube, namespace, "copy", "SELECT count(*) FROM pg_roles WHERE rolname = 'shop_owner'") == 0
+
+
+def plan_backups(kube: Client, namespace: str, plan: str) -> dict[str, dict[str, Any]]:
+    found = kube.list(Backup, namespace=namespace, labels={"statefleet.dev/backup-plan": plan})
+    return {b.metadata.name: b.to_dict() for b in found}
+
+
+def verified(backup: dict[str, Any]) -> dict[str, Any] | None:
+    return next(
+        (c for c in (backup.get("status") or {}).get("conditions") or [] if c["type"] == "Verified"), None
+    )
+
+
+def test_a_plan_backs_up_on_schedule_verifies_and_prunes(
+    kube: Client, namespace: str, operator: OperatorProcess, bucket: str
+) -> None:
+    storage(kube, namespace, "s3", bucket)
+    create(kube, namespace, "demo", {"version": "15", "storage": {"size": "1Gi"}})
+    wait_ready(kube, namespace, "demo", 1)
+    seed(kube, namespace, "demo")
+    plan = {
+        "service": {"kind": "Postgres", "name": "demo"},
+        "storage": "s3",
+        "schedule": "* * * * *",
+        "method": "logical",
+        "retention": {"keepLast": 1},
+        "verify": {"enabled": True, "query": "SELECT count(*) = 50000 FROM orders", "database": "shop"},
+    }
+    apply(kube, BackupPlan, namespace, "demo-nightly", plan)
+
+    # The first backup comes at the next minute, and its restore test passes.
+    def first_verified() -> tuple[str, dict[str, Any]] | None:
+        for name, backup in plan_backups(kube, namespace, "demo-nightly").items():
+            condition = verified(backup)
+            if condition:
+                assert condition["status"] == "True", condition["message"]
+                return name, backup
+        return None
+
+    first, backup = wait_until("a verified backup", first_verified, timeout=300, interval=2)
+    assert "rows read" in verified(backup)["message"]
+    last = status(kube, BackupPlan, namespace, "demo-nightly")["lastVerification"]
+    assert (last["backup"], last["result"]) == (first, "Passed")
+    # The throwaway instance is gone.
+    wait_until(
+        "the throwaway instance deleted",
+        lambda: not [p for p in kube.list(Postgres, namespace=namespace) if "-verify-" in p.metadata.name],
+        timeout=120,
+    )
+
+    # Retention (keepLast 1, and the newest verified backup): once a newer one is verified,
+    # the first goes, objects and all.
+    prefix = backup["status"]["manifest"].rsplit("/", 1)[0] + "/"
+    wait_until(
+        "the first backup pruned", lambda: first not in plan_backups(kube, namespace, "demo-nightly"), 300, 2
+    )
+    api = s3_api(s3_settings())
+    wait_until(
+        "its objects deleted",
+        lambda: api.list_objects_v2(Bucket=bucket, Prefix=prefix).get("KeyCount", 0) == 0,
+        60,
+    )
+    plan_status = status(kube, BackupPlan, namespace, "demo-nightly")
+    assert plan_status["lastSuccessfulBackup"] in plan_backups(kube, namespace, "demo-nightly")
+    assert plan_status["consecutiveFailures"] == 0
+
+
+def test_a_restore_test_fails_loudly_on_a_tampered_backup(
+    kube: Client, namespace: str, operator: OperatorProcess, bucket: str
+) -> None:
+    storage(kube, namespace, "s3", bucket)
+    create(kube, namespace, "demo", {"version": "15", "storage": {"size": "1Gi"}})
+    wait_ready(kube, namespace, "demo", 1)
+    seed(kube, namespace, "demo")
+    plan = {
+        "service": {"kind": "Postgres", "name": "demo"},
+        "storage": "s3",
+        "schedule": "* * * * *",
+        "method": "logical",
+    }
+    apply(kube, BackupPlan, namespace, "p", plan)
+
+    def completed() -> tuple[str, dict[str, Any]] | None:
+        done = [
+            (n, b)
+            for n, b in plan_backups(kube, namespace, "p").items()
+            if b.get("status", {}).get("phase") == "Completed"
+        ]
+        return done[0] if done else None
+
+    name, backup = wait_until("a completed backup", completed, timeout=180, interval=2)
+    kube.patch(BackupPlan, "p", {"spec": {"suspend": True}}, namespace=namespace, patch_type=PatchType.MERGE)
+    api = s3_api(s3_settings())
+    manifest = json.loads(api.get_object(Bucket=bucket, Key=backup["status"]["manifest"])["Body"].read())
+    key = next(o["key"] for o in manifest["objects"] if o["name"] == "globals.sql")
+    api.put_object(Bucket=bucket, Key=key, Body=b"-- nothing here\n")
+    # Suspended: nothing newer comes; the restore test now runs on the tampered backup.
+    kube.patch(
+        BackupPlan,
+        "p",
+        {"spec": {"verify": {"enabled": True}}},
+        namespace=namespace,
+        patch_type=PatchType.MERGE,
+    )
+    message = wait_reason(kube, BackupPlan, namespace, "p", "VerificationFailed", timeout=240)
+    assert name in message
+    assert "ChecksumMismatch" in message
+    condition = verified(kube.get(Backup, name, namespace=namespace).to_dict())
+    assert condition["status"] == "False"
+    assert condition["reason"] == "RestoreTestFailed"
+    warnings = [
+        e
+        for e in kube.list(Event, namespace=namespace, fields={"involvedObject.name": name})
+        if e.reason == "VerificationFailed" and e.type == "Warning"
+    ]
+    assert warnings

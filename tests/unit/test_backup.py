@@ -1,0 +1,179 @@
+"""The backup engine's pure parts: where a backup lives, its manifest, the Postgres driver's
+parsers, the Job it runs and what the Job's pod tells when it ends."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from pydantic import ValidationError
+
+from backup.drivers.postgres import CommandFailed, filter_globals, parse_basebackup_log
+from backup.job import build_job, job_name, job_state, last_progress
+from backup.manifest import Manifest, ManifestObject, location, manifest_key
+from backup.resources import BackupSpec, seconds_between
+from backup.storage import S3Spec, encryption_args, object_key
+
+pytestmark = pytest.mark.unit
+
+S3 = S3Spec(endpoint="http://10.244.0.1:9000", bucket="backups", prefix="apps/", credentialsSecret="s3-creds")
+BACKUP = {"metadata": {"name": "demo-now", "namespace": "apps", "uid": "0123456789abcdef"}}
+
+
+def test_a_backup_lives_under_its_own_prefix_and_its_manifest_comes_with_it() -> None:
+    where = location("apps/", "apps", "Postgres", "demo", "demo-now", "0123456789abcdef")
+    assert where == "apps/apps/postgres/demo/demo-now-01234567"
+    assert manifest_key(where) == "apps/apps/postgres/demo/demo-now-01234567/manifest.json"
+    assert location("", "apps", "Postgres", "demo", "x", "ffffffff00") == "apps/postgres/demo/x-ffffffff"
+    assert object_key("/a/", "", "b/", "c") == "a/b/c"
+
+
+def test_the_manifest_round_trips_with_sizes_checksums_and_wal_positions() -> None:
+    manifest = Manifest(
+        namespace="apps",
+        backup="demo-now",
+        uid="u",
+        kind="Postgres",
+        instance="demo",
+        version="17.2",
+        method="physical",
+        startedAt="2026-11-30T02:00:00Z",
+        finishedAt="2026-11-30T02:01:00Z",
+        objects=[ManifestObject(name="base.tar", key="k/base.tar", size=10, sha256="ab" * 32)],
+        physical={"timeline": 2, "startLsn": "0/3000028", "endLsn": "0/3000100"},
+    )
+    text = json.loads(manifest.to_json())
+    assert text["physical"] == {"timeline": 2, "startLsn": "0/3000028", "endLsn": "0/3000100"}
+    assert text["startedAt"] == "2026-11-30T02:00:00Z"
+    again = Manifest.model_validate_json(manifest.to_json())
+    assert again == manifest
+    assert again.size == 10
+
+
+def test_storage_settings_name_the_bad_field() -> None:
+    with pytest.raises(ValidationError, match="bucket"):
+        S3Spec(bucket="No_Such", credentialsSecret="s")
+    with pytest.raises(ValidationError, match="endpoint"):
+        S3Spec(endpoint="minio:9000", bucket="backups", credentialsSecret="s")
+    kms = S3Spec(bucket="backups", credentialsSecret="s", serverSideEncryption="aws:kms", kmsKeyId="k1")
+    assert encryption_args(kms) == {"ServerSideEncryption": "aws:kms", "SSEKMSKeyId": "k1"}
+    assert encryption_args(S3) == {}
+
+
+def test_a_backup_spec_refuses_a_short_deadline() -> None:
+    spec = {"service": {"kind": "Postgres", "name": "d"}, "storage": "s", "deadlineSeconds": 5}
+    with pytest.raises(ValidationError, match=r"deadline_?[sS]econds"):
+        BackupSpec.model_validate(spec)
+
+
+GLOBALS = r'''--
+-- Roles
+--
+
+CREATE ROLE app;
+ALTER ROLE app WITH NOSUPERUSER INHERIT NOCREATEROLE NOCREATEDB LOGIN PASSWORD 'SCRAM-SHA-256$4096:x';
+CREATE ROLE postgres;
+ALTER ROLE postgres WITH SUPERUSER INHERIT CREATEROLE CREATEDB LOGIN REPLICATION BYPASSRLS PASSWORD 'p';
+CREATE ROLE streaming_replica;
+ALTER ROLE streaming_replica WITH REPLICATION LOGIN PASSWORD 'r';
+CREATE ROLE "Odd ""name""";
+COMMENT ON ROLE app IS 'statefleet:apps/app';
+GRANT app TO "Odd ""name""" GRANTED BY postgres;
+'''
+
+
+def test_restored_roles_leave_the_targets_own_system_roles_alone() -> None:
+    kept = filter_globals(GLOBALS)
+    assert "CREATE ROLE app;" in kept
+    assert "ALTER ROLE app WITH" in kept
+    assert 'CREATE ROLE "Odd ""name""";' in kept
+    assert "COMMENT ON ROLE app" in kept
+    assert "GRANT app TO" in kept
+    assert "postgres WITH" not in kept
+    assert "CREATE ROLE postgres;" not in kept
+    assert "streaming_replica" not in kept
+    without_odd = filter_globals(GLOBALS, frozenset({'Odd "name"'}))
+    assert 'CREATE ROLE "Odd' not in without_odd
+    assert "CREATE ROLE postgres;" in without_odd
+
+
+def test_wal_positions_come_from_pg_basebackups_report() -> None:
+    log = (
+        "pg_basebackup: initiating base backup, waiting for checkpoint to complete\n"
+        "pg_basebackup: checkpoint completed\n"
+        "pg_basebackup: write-ahead log start point: 0/5000028 on timeline 3\n"
+        "pg_basebackup: write-ahead log end point: 0/5000138\n"
+        "pg_basebackup: base backup completed\n"
+    )
+    position = parse_basebackup_log(log)
+    assert (position.timeline, position.start_lsn, position.end_lsn) == (3, "0/5000028", "0/5000138")
+    with pytest.raises(CommandFailed, match="WAL positions"):
+        parse_basebackup_log("pg_basebackup: error: connection refused")
+
+
+def test_the_job_runs_once_with_the_storage_keys_from_their_secret() -> None:
+    job = build_job(
+        owner_kind="Backup",
+        owner=BACKUP,
+        action="backup",
+        request={"action": "backup", "location": "x"},
+        storage=S3,
+        service_env=[{"name": "PGHOST", "value": "demo-rw"}],
+        image="localhost/statefleet/operator:abc",
+        deadline_seconds=600,
+    )
+    assert job["metadata"]["name"] == "demo-now-backup"
+    assert job["metadata"]["ownerReferences"][0]["kind"] == "Backup"
+    assert job["spec"]["backoffLimit"] == 0
+    assert job["spec"]["activeDeadlineSeconds"] == 600
+    pod = job["spec"]["template"]["spec"]
+    assert pod["restartPolicy"] == "Never"
+    env = {e["name"]: e for e in pod["containers"][0]["env"]}
+    assert env["AWS_SECRET_ACCESS_KEY"]["valueFrom"]["secretKeyRef"] == {
+        "name": "s3-creds",
+        "key": "AWS_SECRET_ACCESS_KEY",
+    }
+    assert json.loads(env["STATEFLEET_BACKUP_REQUEST"]["value"])["location"] == "x"
+    assert env["PGHOST"]["value"] == "demo-rw"
+    assert len(job_name("x" * 80, "restore")) <= 63
+
+
+def pod_ended(message: str, reason: str = "Error", code: int = 1) -> dict:
+    terminated = {"exitCode": code, "reason": reason, "message": message}
+    return {"status": {"containerStatuses": [{"state": {"terminated": terminated}}]}}
+
+
+def test_a_job_that_succeeded_reports_its_result() -> None:
+    job = {"status": {"succeeded": 1, "conditions": [{"type": "Complete", "status": "True"}]}}
+    report = json.dumps({"result": {"bytes": 42, "manifest": "m"}})
+    state = job_state(job, pod_ended(report, "Completed", 0))
+    assert state.phase == "Succeeded"
+    assert state.result == {"bytes": 42, "manifest": "m"}
+    assert job_state(job, None).reason == "NoReport"
+
+
+def test_a_failed_job_says_why() -> None:
+    condition = {"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded"}
+    failed = {"status": {"failed": 1, "conditions": [condition]}}
+    report = json.dumps({"error": {"reason": "AccessDenied", "message": "the S3 server refused them"}})
+    state = job_state(failed, pod_ended("some log\n" + report))
+    assert (state.phase, state.reason) == ("Failed", "AccessDenied")
+    killed = job_state(failed, pod_ended("", "Error", 137))
+    assert killed.reason == "JobFailed"
+    assert "Error" in killed.message
+    gone = job_state(failed, None)
+    assert "killed or deleted" in gone.message
+    late = {"status": {"conditions": [{"type": "Failed", "status": "True", "reason": "DeadlineExceeded"}]}}
+    assert job_state(late, None).reason == "DeadlineExceeded"
+    assert job_state({"status": {"active": 1}}, None).phase == "Running"
+
+
+def test_progress_is_the_last_progress_line() -> None:
+    tail = '{"progress": {"bytes": 10}}\nnoise\n{"progress": {"bytes": 20, "object": "db/0000.dump"}}\n'
+    assert last_progress(tail) == {"bytes": 20, "object": "db/0000.dump"}
+    assert last_progress("nothing yet") is None
+
+
+def test_durations() -> None:
+    assert seconds_between("2026-11-30T02:00:00Z", "2026-11-30T02:01:30Z") == 90
+    assert seconds_between(None, "2026-11-30T02:01:30Z") is None
