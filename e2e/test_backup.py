@@ -10,6 +10,7 @@ import hashlib
 import io
 import json
 import tarfile
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -118,8 +119,20 @@ def connect_db(kube: Client, namespace: str, instance: str, database: str) -> ps
 
 
 def sql(kube: Client, namespace: str, instance: str, statement: str, database: str = "postgres") -> Any:
-    with connect_db(kube, namespace, instance, database) as conn:
-        row = conn.execute(statement).fetchone()
+    """The first value of `statement`, run as the instance's superuser through `<instance>-rw`;
+    retried while the Service's endpoints settle (kube-proxy follows a new pod within seconds)."""
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            conn = connect_db(kube, namespace, instance, database)
+            break
+        except psycopg.OperationalError as error:
+            if "Connection refused" not in str(error) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+    with conn:
+        cursor = conn.execute(statement)
+        row = cursor.fetchone() if cursor.description else None
         return row[0] if row else None
 
 

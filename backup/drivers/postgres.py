@@ -11,6 +11,7 @@ the WAL it needs (pg_basebackup -Ft -X fetch), restored by a new instance's firs
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import re
@@ -18,7 +19,8 @@ import shutil
 import subprocess
 import tarfile
 import tempfile
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -133,6 +135,81 @@ def run_streaming_in(argv: list[str], chunks: Iterator[bytes], env: dict[str, st
     return text
 
 
+CLIENT_MAJOR = 17  # the image's pg_dump and pg_restore
+NEWER_SETTINGS = (b"SET transaction_timeout = 0;\n",)  # what pg_restore 17 sets, unknown before 17
+
+
+class ScriptFilter:
+    """Drops from a pg_restore script the settings an older server refuses, outside the data of
+    COPY blocks (a row is never touched)."""
+
+    def __init__(self) -> None:
+        self.in_copy = False
+
+    def __call__(self, line: bytes) -> bytes | None:
+        if self.in_copy:
+            if line in (b"\\.\n", b"\\."):
+                self.in_copy = False
+            return line
+        if line.startswith(b"COPY ") and line.rstrip().endswith(b"FROM stdin;"):
+            self.in_copy = True
+            return line
+        return None if line in NEWER_SETTINGS else line
+
+
+def run_piped(
+    first: list[str], keep: Callable[[bytes], bytes | None], second: list[str], chunks: Iterator[bytes]
+) -> None:
+    """`chunks | first | keep | second`, streamed; raises what failed first (a checksum, a command)."""
+    with tempfile.TemporaryFile() as first_errors, tempfile.TemporaryFile() as output:
+        producer = subprocess.Popen(first, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=first_errors)
+        consumer = subprocess.Popen(second, stdin=subprocess.PIPE, stdout=output, stderr=subprocess.STDOUT)
+        assert producer.stdin
+        assert producer.stdout
+        assert consumer.stdin
+        failures: list[BaseException] = []
+
+        def feed() -> None:
+            try:
+                for data in chunks:
+                    producer.stdin.write(data)
+            except BrokenPipeError:
+                pass  # it stopped reading: its exit code says why
+            except BaseException as error:
+                failures.append(error)
+                producer.kill()
+            finally:
+                with contextlib.suppress(BrokenPipeError):
+                    producer.stdin.close()
+
+        feeder = threading.Thread(target=feed, daemon=True)
+        feeder.start()
+        try:
+            for line in producer.stdout:
+                kept = keep(line)
+                if kept is not None:
+                    consumer.stdin.write(kept)
+        except BrokenPipeError:
+            producer.kill()
+        finally:
+            with contextlib.suppress(BrokenPipeError):
+                consumer.stdin.close()
+            feeder.join()
+            first_code, second_code = producer.wait(), consumer.wait()
+        if failures:
+            raise failures[0]
+        first_errors.seek(0)
+        output.seek(0)
+        if first_code != 0:
+            raise CommandFailed(
+                f"{first[0]} exited with {first_code}: {first_errors.read().decode(errors='replace')[-1500:]}"
+            )
+        if second_code != 0:
+            raise CommandFailed(
+                f"{second[0]} exited with {second_code}: {output.read().decode(errors='replace')[-1500:]}"
+            )
+
+
 def connect(dbname: str = "postgres") -> psycopg.Connection:
     return psycopg.connect(
         dbname=dbname, autocommit=True, connect_timeout=10, application_name="statefleet-backup"
@@ -205,12 +282,22 @@ class PostgresDriver:
             ["psql", "--no-psqlrc", "--quiet", "--dbname", "postgres", "-f", "-"], source("globals.sql")
         )
         role_errors = [line for line in output.splitlines() if "ERROR:" in line]
+        older = int(server_version().split(".")[0]) < CLIENT_MAJOR
         for database in wanted:
-            if database["name"] == "postgres":
+            into_postgres = database["name"] == "postgres"
+            if older:
+                # pg_restore 17 sets parameters an older server does not know: its script goes
+                # to psql without them.
+                restore = ["pg_restore", "--file", "-"] + ([] if into_postgres else ["--create"])
+                psql = ["psql", "--no-psqlrc", "--quiet", "-v", "ON_ERROR_STOP=1", "--dbname", "postgres"]
+                psql += ["--single-transaction"] if into_postgres else []
+                run_piped(restore, ScriptFilter(), psql, source(database["object"]))
+            elif into_postgres:
                 argv = ["pg_restore", "--exit-on-error", "--single-transaction", "--dbname", "postgres"]
+                run_streaming_in(argv, source(database["object"]))
             else:
                 argv = ["pg_restore", "--exit-on-error", "--create", "--dbname", "postgres"]
-            run_streaming_in(argv, source(database["object"]))
+                run_streaming_in(argv, source(database["object"]))
         return {"databases": [d["name"] for d in wanted], "roleErrors": role_errors[:20]}
 
     def bootstrap_wanted(self) -> str | None:

@@ -8,7 +8,7 @@ import json
 import pytest
 from pydantic import ValidationError
 
-from backup.drivers.postgres import CommandFailed, filter_globals, parse_basebackup_log
+from backup.drivers.postgres import CommandFailed, ScriptFilter, filter_globals, parse_basebackup_log
 from backup.job import build_job, job_name, job_state, last_progress
 from backup.manifest import Manifest, ManifestObject, location, manifest_key
 from backup.resources import BackupSpec, seconds_between
@@ -177,3 +177,19 @@ def test_progress_is_the_last_progress_line() -> None:
 def test_durations() -> None:
     assert seconds_between("2026-11-30T02:00:00Z", "2026-11-30T02:01:30Z") == 90
     assert seconds_between(None, "2026-11-30T02:01:30Z") is None
+
+
+def test_a_script_for_an_older_server_loses_only_the_settings_it_refuses() -> None:
+    script = [
+        b"SET statement_timeout = 0;\n",
+        b"SET transaction_timeout = 0;\n",
+        b"CREATE TABLE public.notes (body text);\n",
+        b"COPY public.notes (body) FROM stdin;\n",
+        b"SET transaction_timeout = 0;\n",  # a row that happens to read so: kept
+        b"\\.\n",
+        b"\\connect shop\n",
+        b"SET transaction_timeout = 0;\n",
+    ]
+    keep = ScriptFilter()
+    kept = [line for line in script if keep(line) is not None]
+    assert kept == [script[0], script[2], script[3], script[4], script[5], script[6]]
