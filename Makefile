@@ -8,7 +8,7 @@ export KUBECONFIG ?= $(CURDIR)/.testbed/kubeconfig
 
 # Debian packages the test bed and the tests need.
 DEBIAN_PACKAGES := containerd runc containernetworking-plugins debootstrap iptables conntrack \
-	iproute2 openssl curl ca-certificates gcc libc6-dev python3-venv postgresql-client shellcheck
+	iproute2 openssl curl ca-certificates gcc libc6-dev python3-venv postgresql-client shellcheck zstd
 
 .PHONY: help
 help: ## list the targets

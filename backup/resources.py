@@ -315,6 +315,7 @@ class BackupKind(InServiceKind):
             "completedAt": result.get("finishedAt") or now_iso(),
             "manifest": result.get("manifest") or status.get("manifest"),
             "progress": None,
+            "peakMemoryBytes": (result.get("peakMemoryBytes") or {}).get("job"),
         }
         fields["durationSeconds"] = seconds_between(fields["startedAt"], fields["completedAt"])
         if result.get("physical"):
@@ -384,6 +385,11 @@ class BackupKind(InServiceKind):
             "durationSeconds": {"type": "number"},
             "bytes": integer,
             "objects": integer,
+            "peakMemoryBytes": {
+                "type": "integer",
+                "format": "int64",
+                "description": "the backup Job's own peak",
+            },
             "version": {"type": "string", "description": "the server's version when it was taken"},
             "progress": {"type": "object", "nullable": True, "x-kubernetes-preserve-unknown-fields": True},
             "physical": {

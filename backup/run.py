@@ -16,6 +16,7 @@ import contextlib
 import hashlib
 import json
 import os
+import resource
 import sys
 import time
 from collections.abc import Iterator
@@ -202,6 +203,12 @@ def bootstrap(request: dict[str, Any], client: Any, spec: S3Spec) -> dict[str, A
     return driver.bootstrap(manifest, lambda name: checked_chunks(client, spec, objects[name], progress))
 
 
+def peak_memory() -> dict[str, int]:
+    """Peak resident memory of this process (the tools it runs are measured by nobody: a
+    child's peak counts the parent's pages it was forked with)."""
+    return {"job": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+
+
 def fail(reason: str, message: str) -> int:
     conclude({"error": {"reason": reason, "message": message[:3000]}})
     return 1
@@ -213,7 +220,10 @@ def main() -> int:
     try:
         client = s3_client(spec, os.environ["AWS_ACCESS_KEY_ID"], os.environ["AWS_SECRET_ACCESS_KEY"])
         actions = {"backup": take_backup, "restore": restore, "check": check, "bootstrap": bootstrap}
+        started = time.monotonic()
         result = actions[request["action"]](request, client, spec)
+        result["seconds"] = round(time.monotonic() - started, 3)
+        result["peakMemoryBytes"] = peak_memory()
     except StorageError as error:
         return fail(error.reason, str(error))
     except (BotoCoreError, ClientError) as error:

@@ -9,6 +9,7 @@ import base64
 import hashlib
 import io
 import json
+import subprocess
 import tarfile
 import time
 import uuid
@@ -20,7 +21,7 @@ import psycopg
 import pytest
 from lightkube import Client
 from lightkube.models.meta_v1 import ObjectMeta
-from lightkube.resources.core_v1 import Event, Secret, Service
+from lightkube.resources.core_v1 import Event, Pod, Secret, Service
 from lightkube.types import PatchType
 
 from backup.plan import BackupPlanKind
@@ -268,7 +269,9 @@ def test_physical_backup_records_its_wal_positions(
     (base,) = manifest["objects"]
     data = api.get_object(Bucket=bucket, Key=base["key"])["Body"].read()
     assert hashlib.sha256(data).hexdigest() == base["sha256"]
-    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+    assert base["name"] == "base.tar.zst"
+    tar_bytes = subprocess.run(["zstd", "-dc"], input=data, capture_output=True, check=True).stdout
+    with tarfile.open(fileobj=io.BytesIO(tar_bytes)) as tar:
         names = set(tar.getnames())
     assert {"PG_VERSION", "backup_label", "global/pg_control"} <= names
     assert any(n.startswith("pg_wal/0000000") for n in names)  # the WAL it needs to start
@@ -332,6 +335,47 @@ def test_storage_faults_fail_with_a_clear_reason_and_leave_nothing(
     assert unsupported["reason"] == "UnsupportedMethod"
     assert "spec.method" in unsupported["message"]
     assert s3_api(s3_settings()).list_objects_v2(Bucket=bucket).get("KeyCount", 0) == 0
+
+
+def test_a_backup_whose_pod_is_killed_fails_and_leaves_nothing(
+    kube: Client, namespace: str, operator: OperatorProcess, bucket: str
+) -> None:
+    storage(kube, namespace, "s3", bucket)
+    create(kube, namespace, "demo", {"version": "17", "storage": {"size": "2Gi"}})
+    wait_ready(kube, namespace, "demo", 1)
+    # Enough data for the dump to take a while; incompressible, so the upload does too.
+    noise = "gen_random_uuid()::text || gen_random_uuid()::text || gen_random_uuid()::text"
+    sql(
+        kube,
+        namespace,
+        "demo",
+        f"CREATE TABLE filler AS SELECT g, {noise} AS noise FROM generate_series(1, 2500000) g",
+    )
+    service = {"kind": "Postgres", "name": "demo"}
+    apply(kube, Backup, namespace, "killed", {"service": service, "storage": "s3", "method": "logical"})
+
+    def uploading() -> str | None:
+        """The Job's pod once it printed progress (every 2 s while it uploads)."""
+        for pod in kube.list(Pod, namespace=namespace, labels={"job-name": "killed-backup"}):
+            if pod.status.phase == "Running":
+                lines = list(kube.log(pod.metadata.name, namespace=namespace, tail_lines=2))
+                if any('"progress"' in line for line in lines):
+                    return pod.metadata.name
+        return None
+
+    pod = wait_until("the backup uploading", uploading, timeout=120, interval=0.3)
+    kube.delete(Pod, pod, namespace=namespace, grace_period=0)
+    failed = wait_phase(kube, Backup, namespace, "killed", "Failed")
+    assert failed["reason"] == "JobFailed"
+    assert "killed or deleted" in failed["message"] or "ended" in failed["message"]
+    # A partial upload never counts: no object, no unfinished upload, no manifest.
+    api = s3_api(s3_settings())
+    assert api.list_objects_v2(Bucket=bucket).get("KeyCount", 0) == 0
+    assert not api.list_multipart_uploads(Bucket=bucket).get("Uploads")
+    events = [
+        e.reason for e in kube.list(Event, namespace=namespace, fields={"involvedObject.name": "killed"})
+    ]
+    assert "JobFailed" in events
 
 
 def test_a_tampered_backup_is_refused_before_anything_is_restored(

@@ -1,7 +1,7 @@
 # Runs in the image's chroot: a venv with the runtime dependencies from pyproject.toml
 # (copied in as /tmp/context), installed from PyPI.
 apt-get update -qq
-apt-get install -y -qq --no-install-recommends python3 python3-venv postgresql-client >/dev/null
+apt-get install -y -qq --no-install-recommends python3 python3-venv postgresql-client zstd >/dev/null
 groupadd -r statefleet --gid=999
 useradd -r -g statefleet --uid=999 --home-dir=/opt/statefleet --shell=/bin/bash statefleet
 python3 -m venv /opt/statefleet/venv
