@@ -23,7 +23,7 @@ from lightkube.resources.batch_v1 import Job
 from lightkube.resources.core_v1 import Pod, Secret
 from pydantic import ConfigDict, Field
 
-from backup.job import JobState, build_job, job_name, job_state, last_progress, termination
+from backup.job import DEFAULT_DEADLINE, JobState, build_job, job_name, job_state, last_progress, termination
 from backup.manifest import location, manifest_key
 from backup.storage import CREDENTIAL_KEYS, S3Spec, StorageError, delete_prefix, explain, s3_client
 from framework import conditions
@@ -173,14 +173,42 @@ def ready_condition(body: dict[str, Any] | None) -> bool:
     return bool(found and found.get("status") == "True")
 
 
-class BackupKind(InServiceKind):
-    kind = "Backup"
-    plural = "backups"
-    spec_model = BackupSpec
+class JobKind(InServiceKind):
+    """A kind whose work runs in a Job from the operator's image."""
 
     def __init__(self, plugins: list[ServicePlugin], job_image: str) -> None:
         self.plugins = {p.kind: p for p in plugins}
         self.job_image = job_image
+
+    async def start_job(
+        self,
+        client: AsyncClient,
+        body: dict[str, Any],
+        action: str,
+        request: dict[str, Any],
+        storage: S3Spec,
+        service_env: list[dict[str, Any]],
+        deadline_seconds: int = DEFAULT_DEADLINE,
+    ) -> None:
+        if not self.job_image:
+            raise StorageError("NoJobImage", "the operator runs without --job-image: it cannot start Jobs")
+        job = build_job(
+            owner_kind=self.kind,
+            owner=body,
+            action=action,
+            request=request,
+            storage=storage,
+            service_env=service_env,
+            image=self.job_image,
+            deadline_seconds=deadline_seconds,
+        )
+        await client.create(codecs.from_dict(job))
+
+
+class BackupKind(JobKind):
+    kind = "Backup"
+    plural = "backups"
+    spec_model = BackupSpec
 
     def ended(self, status: dict[str, Any]) -> Outcome:
         if status.get("phase") == COMPLETED:
@@ -267,21 +295,15 @@ class BackupKind(InServiceKind):
                 "backup": {"namespace": namespace, "name": meta["name"], "uid": meta["uid"]},
                 "service": {"kind": plugin.kind, "name": spec.service.name},
             }
-            if not self.job_image:
-                return self.failed(
-                    "NoJobImage", "the operator runs without --job-image: it cannot start Jobs"
-                )
-            desired = build_job(
-                owner_kind=self.kind,
-                owner=body,
-                action="backup",
-                request=request,
-                storage=s3,
-                service_env=plugin.backup_env(spec.service.name),
-                image=self.job_image,
-                deadline_seconds=spec.deadline_seconds,
+            await self.start_job(
+                client,
+                body,
+                "backup",
+                request,
+                s3,
+                plugin.backup_env(spec.service.name),
+                spec.deadline_seconds,
             )
-            await client.create(codecs.from_dict(desired))
             fields = {
                 "phase": RUNNING,
                 "method": method,
@@ -433,15 +455,11 @@ async def bootstrap_failure(
     return None
 
 
-class RestoreKind(InServiceKind):
+class RestoreKind(JobKind):
     kind = "Restore"
     plural = "restores"
     spec_model = RestoreSpec
     finalizes = False
-
-    def __init__(self, plugins: list[ServicePlugin], job_image: str) -> None:
-        self.plugins = {p.kind: p for p in plugins}
-        self.job_image = job_image
 
     def failed(self, reason: str, message: str) -> Outcome:
         return Outcome(
@@ -568,20 +586,7 @@ class RestoreKind(InServiceKind):
             }
             if spec.check or method != "logical":
                 request["check"] = (spec.check or RestoreCheck()).to_api()
-            if not self.job_image:
-                return self.failed(
-                    "NoJobImage", "the operator runs without --job-image: it cannot start Jobs"
-                )
-            desired = build_job(
-                owner_kind=self.kind,
-                owner=body,
-                action="restore",
-                request=request,
-                storage=s3,
-                service_env=plugin.backup_env(spec.target.name),
-                image=self.job_image,
-            )
-            await client.create(codecs.from_dict(desired))
+            await self.start_job(client, body, "restore", request, s3, plugin.backup_env(spec.target.name))
             return Outcome(
                 False,
                 "Running",

@@ -137,6 +137,13 @@ def sql(kube: Client, namespace: str, instance: str, statement: str, database: s
         return row[0] if row else None
 
 
+def demo_with_storage(kube: Client, namespace: str, bucket: str, version: str) -> None:
+    """The BackupStorage `s3` on `bucket`, and a ready one-instance Postgres `demo`."""
+    storage(kube, namespace, "s3", bucket)
+    create(kube, namespace, "demo", {"version": version, "storage": {"size": "2Gi"}})
+    wait_ready(kube, namespace, "demo", 1)
+
+
 SEED = [
     "CREATE ROLE shop_owner LOGIN PASSWORD 'x'",
     "CREATE DATABASE shop OWNER shop_owner",
@@ -236,9 +243,7 @@ def test_logical_backup_restores_into_a_new_instance_with_identical_data(
 def test_physical_backup_records_its_wal_positions(
     kube: Client, namespace: str, operator: OperatorProcess, bucket: str
 ) -> None:
-    storage(kube, namespace, "s3", bucket)
-    create(kube, namespace, "demo", {"version": "15", "storage": {"size": "1Gi"}})
-    wait_ready(kube, namespace, "demo", 1)
+    demo_with_storage(kube, namespace, bucket, "15")
     sql(kube, namespace, "demo", "CREATE TABLE t AS SELECT generate_series(1, 10000) AS id")
 
     # Before its storage exists, a backup waits and says why; then it goes on by itself.
@@ -340,9 +345,7 @@ def test_storage_faults_fail_with_a_clear_reason_and_leave_nothing(
 def test_a_backup_whose_pod_is_killed_fails_and_leaves_nothing(
     kube: Client, namespace: str, operator: OperatorProcess, bucket: str
 ) -> None:
-    storage(kube, namespace, "s3", bucket)
-    create(kube, namespace, "demo", {"version": "17", "storage": {"size": "2Gi"}})
-    wait_ready(kube, namespace, "demo", 1)
+    demo_with_storage(kube, namespace, bucket, "17")
     # Enough data for the dump to take a while; incompressible, so the upload does too.
     noise = "gen_random_uuid()::text || gen_random_uuid()::text || gen_random_uuid()::text"
     sql(
@@ -381,9 +384,7 @@ def test_a_backup_whose_pod_is_killed_fails_and_leaves_nothing(
 def test_a_tampered_backup_is_refused_before_anything_is_restored(
     kube: Client, namespace: str, operator: OperatorProcess, bucket: str
 ) -> None:
-    storage(kube, namespace, "s3", bucket)
-    create(kube, namespace, "demo", {"version": "15", "storage": {"size": "1Gi"}})
-    wait_ready(kube, namespace, "demo", 1)
+    demo_with_storage(kube, namespace, bucket, "15")
     seed(kube, namespace, "demo")
     apply(
         kube,
@@ -424,9 +425,7 @@ def verified(backup: dict[str, Any]) -> dict[str, Any] | None:
 def test_a_plan_backs_up_on_schedule_verifies_and_prunes(
     kube: Client, namespace: str, operator: OperatorProcess, bucket: str
 ) -> None:
-    storage(kube, namespace, "s3", bucket)
-    create(kube, namespace, "demo", {"version": "15", "storage": {"size": "1Gi"}})
-    wait_ready(kube, namespace, "demo", 1)
+    demo_with_storage(kube, namespace, bucket, "15")
     seed(kube, namespace, "demo")
     plan = {
         "service": {"kind": "Postgres", "name": "demo"},
@@ -478,9 +477,7 @@ def test_a_plan_backs_up_on_schedule_verifies_and_prunes(
 def test_a_restore_test_fails_loudly_on_a_tampered_backup(
     kube: Client, namespace: str, operator: OperatorProcess, bucket: str
 ) -> None:
-    storage(kube, namespace, "s3", bucket)
-    create(kube, namespace, "demo", {"version": "15", "storage": {"size": "1Gi"}})
-    wait_ready(kube, namespace, "demo", 1)
+    demo_with_storage(kube, namespace, bucket, "15")
     seed(kube, namespace, "demo")
     plan = {
         "service": {"kind": "Postgres", "name": "demo"},

@@ -86,27 +86,42 @@ class ChunkReader(io.RawIOBase):
         return size
 
 
+class Feeder:
+    """Writes chunks to a process's stdin from a thread of its own, while the caller reads its
+    output. What stopped it early (a checksum mismatch) kills the process and comes back from
+    `join`; a process that stops reading is not a failure here (its exit code tells)."""
+
+    def __init__(self, process: subprocess.Popen[bytes], chunks: Iterator[bytes]) -> None:
+        self.process, self.chunks = process, chunks
+        self.failure: BaseException | None = None
+        self.thread = threading.Thread(target=self._feed, daemon=True)
+        self.thread.start()
+
+    def _feed(self) -> None:
+        assert self.process.stdin is not None
+        try:
+            for data in self.chunks:
+                self.process.stdin.write(data)
+        except BrokenPipeError:
+            pass
+        except BaseException as error:
+            self.failure = error
+            self.process.kill()
+        finally:
+            with contextlib.suppress(BrokenPipeError):
+                self.process.stdin.close()
+
+    def join(self) -> BaseException | None:
+        self.thread.join()
+        return self.failure
+
+
 @contextlib.contextmanager
 def decompressed(chunks: Iterator[bytes]) -> Iterator[Any]:
     """`zstd -dc` over the chunks, as a file; raises what failed (a checksum, zstd)."""
     process = subprocess.Popen(["zstd", "-dc"], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
-    assert process.stdin is not None
     assert process.stdout is not None
-    failures: list[BaseException] = []
-
-    def feed() -> None:
-        try:
-            for data in chunks:
-                process.stdin.write(data)
-        except BaseException as error:  # a checksum mismatch, or zstd gone
-            failures.append(error)
-            process.kill()
-        finally:
-            with contextlib.suppress(BrokenPipeError):
-                process.stdin.close()
-
-    feeder = threading.Thread(target=feed, daemon=True)
-    feeder.start()
+    feeder = Feeder(process, chunks)
     finished = False
     try:
         yield process.stdout
@@ -117,10 +132,10 @@ def decompressed(chunks: Iterator[bytes]) -> Iterator[Any]:
         if not finished:
             process.kill()
         process.stdout.close()
-        feeder.join()
+        failure = feeder.join()
         code = process.wait()
-    if failures:
-        raise failures[0]
+    if failure:
+        raise failure
     if code != 0:
         raise CommandFailed(f"zstd -dc exited with {code}: the archive is damaged")
 
@@ -203,26 +218,9 @@ def run_piped(
     with tempfile.TemporaryFile() as first_errors, tempfile.TemporaryFile() as output:
         producer = subprocess.Popen(first, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=first_errors)
         consumer = subprocess.Popen(second, stdin=subprocess.PIPE, stdout=output, stderr=subprocess.STDOUT)
-        assert producer.stdin
         assert producer.stdout
         assert consumer.stdin
-        failures: list[BaseException] = []
-
-        def feed() -> None:
-            try:
-                for data in chunks:
-                    producer.stdin.write(data)
-            except BrokenPipeError:
-                pass  # it stopped reading: its exit code says why
-            except BaseException as error:
-                failures.append(error)
-                producer.kill()
-            finally:
-                with contextlib.suppress(BrokenPipeError):
-                    producer.stdin.close()
-
-        feeder = threading.Thread(target=feed, daemon=True)
-        feeder.start()
+        feeder = Feeder(producer, chunks)
         try:
             for line in producer.stdout:
                 kept = keep(line)
@@ -233,10 +231,10 @@ def run_piped(
         finally:
             with contextlib.suppress(BrokenPipeError):
                 consumer.stdin.close()
-            feeder.join()
+            failure = feeder.join()
             first_code, second_code = producer.wait(), consumer.wait()
-        if failures:
-            raise failures[0]
+        if failure:
+            raise failure
         first_errors.seek(0)
         output.seek(0)
         if first_code != 0:

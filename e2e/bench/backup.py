@@ -8,7 +8,8 @@ Job from the same image with the same resources, on the same node:
   logical restore   ours: a `Restore` into a new instance (every checksum read first, then
                     pg_restore from the stream); plain: boto3 download | pg_restore
   physical backup   ours: a `Backup` (pg_basebackup -Ft -X fetch, zstd by the server, to S3)
-                    plain: pg_basebackup -Ft -X fetch to the pod's local disk, uncompressed
+                    plain: pg_basebackup -Ft -X fetch to the pod's local disk, uncompressed;
+                    and pg_basebackup -Ft -D - | boto3 upload_fileobj (to S3, uncompressed)
   physical restore  ours: a `Restore`: the new instance's init container reads the object
                     twice (checksum, then extraction); plain: boto3 download | zstd -dc |
                     tar -x to local disk (the same object: ours is zstd-compressed by the server)
@@ -193,6 +194,12 @@ def scenario(kube: Client, namespace: str, bucket: str, size_mb: int, small_mb: 
         " pg_basebackup -D /scratch/base -Ft -X fetch -c fast",
         bucket, postgres_env("demo"),
     )  # fmt: skip
+    plain_physical_s3 = plain_job(
+        kube, namespace, "plain-basebackup-s3",
+        "PGUSER=$REPLICATION_USER PGPASSWORD=$REPLICATION_PASSWORD"
+        f' pg_basebackup -D - -Ft -X fetch -c fast | python3 -c "{UPLOAD}" plain/base.tar',
+        bucket, postgres_env("demo"),
+    )  # fmt: skip
 
     # Restores: ours into new instances; plain into an empty instance and to local disk.
     apply(
@@ -237,6 +244,7 @@ def scenario(kube: Client, namespace: str, bucket: str, size_mb: int, small_mb: 
     row("logical backup", size, logical["seconds"], plain_logical)
     row("logical restore", size, ours_logical_restore["seconds"], plain_logical_restore)
     row("physical backup", size, physical["seconds"], plain_physical)
+    row("  plain to S3", size, physical["seconds"], plain_physical_s3)
     row("physical restore", size, ours_physical_restore["seconds"], plain_physical_restore)
     print("peak resident memory of the logical backup Job's own process (pg_dump runs beside it):")
     for label, total, peak in (("small", small, small_peak), ("large", size, logical["peakMemoryBytes"])):
