@@ -13,6 +13,7 @@ from lightkube.resources.core_v1 import Namespace
 
 from e2e import kube as kube_helpers
 from e2e.operator_process import OperatorProcess
+from e2e.s3 import s3_api, s3_settings
 
 
 @pytest.fixture(scope="session")
@@ -36,3 +37,16 @@ def operator(kube: Client) -> Iterator[OperatorProcess]:
     process = OperatorProcess.start()
     yield process
     process.stop()
+
+
+@pytest.fixture
+def bucket() -> Iterator[str]:
+    """A bucket of its own per test, emptied and removed afterwards."""
+    name = f"t-{uuid.uuid4().hex[:12]}"
+    api = s3_api(s3_settings())
+    api.create_bucket(Bucket=name)
+    yield name
+    for page in api.get_paginator("list_objects_v2").paginate(Bucket=name):
+        for item in page.get("Contents", []):
+            api.delete_object(Bucket=name, Key=item["Key"])
+    api.delete_bucket(Bucket=name)

@@ -12,11 +12,8 @@ import json
 import subprocess
 import tarfile
 import time
-import uuid
-from collections.abc import Iterator
 from typing import Any
 
-import boto3
 import psycopg
 import pytest
 from lightkube import Client
@@ -26,8 +23,9 @@ from lightkube.types import PatchType
 
 from backup.plan import BackupPlanKind
 from backup.resources import BackupKind, BackupStorageKind, RestoreKind
-from e2e.kube import REPO, wait_until
+from e2e.kube import wait_until
 from e2e.operator_process import OperatorProcess
+from e2e.s3 import s3_api, s3_settings
 from e2e.test_postgres import Postgres, create, wait_ready
 from e2e.test_postgres_users import apply, ready_condition, wait_reason
 
@@ -37,34 +35,6 @@ BackupStorage = BackupStorageKind.resource()
 Backup = BackupKind.resource()
 Restore = RestoreKind.resource()
 BackupPlan = BackupPlanKind.resource()
-
-
-def s3_settings() -> dict[str, str]:
-    lines = (REPO / ".testbed" / "s3.env").read_text().splitlines()
-    return dict(line.split("=", 1) for line in lines if "=" in line)
-
-
-def s3_api(settings: dict[str, str], secret: str | None = None) -> Any:
-    return boto3.client(
-        "s3",
-        endpoint_url=settings["S3_ENDPOINT"],
-        aws_access_key_id=settings["AWS_ACCESS_KEY_ID"],
-        aws_secret_access_key=secret or settings["AWS_SECRET_ACCESS_KEY"],
-        region_name="us-east-1",
-    )
-
-
-@pytest.fixture
-def bucket() -> Iterator[str]:
-    """A bucket of its own per test, emptied and removed afterwards."""
-    name = f"t-{uuid.uuid4().hex[:12]}"
-    api = s3_api(s3_settings())
-    api.create_bucket(Bucket=name)
-    yield name
-    for page in api.get_paginator("list_objects_v2").paginate(Bucket=name):
-        for item in page.get("Contents", []):
-            api.delete_object(Bucket=name, Key=item["Key"])
-    api.delete_bucket(Bucket=name)
 
 
 def storage(kube: Client, namespace: str, name: str, bucket: str, secret_key: str | None = None) -> None:

@@ -14,7 +14,7 @@ from lightkube.resources.apps_v1 import Deployment
 from lightkube.resources.core_v1 import Namespace, Pod
 
 from e2e.kube import REPO, delete_namespace, kubeconfig_path, operator_image, wait_until
-from e2e.test_backup import Backup, BackupPlan, Restore, bucket, plan_backups, storage, verified  # noqa: F401 (bucket: a fixture)
+from e2e.test_backup import Backup, BackupPlan, Restore, plan_backups, storage, verified
 from e2e.test_postgres import Postgres, create, wait_ready
 
 pytestmark = pytest.mark.e2e
@@ -47,7 +47,9 @@ def chart_namespace(kube: Client) -> Iterator[str]:
     delete_namespace(kube, name, wait=180)
 
 
-def test_chart_installs_an_operator_that_serves_postgres(kube: Client, bucket: str, chart_namespace: str) -> None:
+def test_chart_installs_an_operator_that_serves_postgres(
+    kube: Client, bucket: str, chart_namespace: str
+) -> None:
     repository, tag = operator_image()
     helm(
         "upgrade", "--install", chart_namespace, str(REPO / "charts" / "statefleet"),
