@@ -70,6 +70,12 @@ class RestoreTarget(ApiModel):
         description="Fields of the new instance's spec over the backup's recorded one, e.g. {instances: 1}.",
         json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
     )
+    replace: bool = Field(
+        default=False,
+        description="Restore a logical backup into this existing instance: the databases the backup "
+        "holds are replaced, the instance's own kept aside until the restore (and its check) succeeded "
+        "and put back otherwise. Sessions on those databases are ended.",
+    )
 
 
 class RestoreCheck(ApiModel):
@@ -455,6 +461,30 @@ async def bootstrap_failure(
     return None
 
 
+def replace_token(uid: str) -> str:
+    """What names the data a replacing restore keeps aside: the Restore's own."""
+    return uid.replace("-", "")[:8]
+
+
+def replace_refusal(spec: RestoreSpec, kind: str, method: str) -> tuple[str, str] | None:
+    """Why a Restore must not go into its existing target, or None when it may."""
+    if not spec.target.replace:
+        return (
+            "TargetExists",
+            f"spec.target.name: {kind} {spec.target.name} exists: restore into a new instance, or set "
+            "spec.target.replace to replace its databases with the backup's",
+        )
+    if method != "logical":
+        return (
+            "ReplaceRefused",
+            f"spec.target.replace: a {method} backup becomes a new instance's data; restore it into a "
+            "new instance, or restore a logical backup in place",
+        )
+    if spec.target.spec:
+        return ("ReplaceRefused", "spec.target.spec: applies to a new instance, not with spec.target.replace")
+    return None
+
+
 class RestoreKind(JobKind):
     kind = "Restore"
     plural = "restores"
@@ -552,18 +582,26 @@ class RestoreKind(JobKind):
                 fields={"phase": PENDING, "createdTarget": True},
                 events=(EventNote("Normal", "CreatingTarget", f"{plugin.kind} {spec.target.name} created"),),
             )
-        if (target["metadata"].get("annotations") or {}).get(RESTORED_BY) != f"{meta['name']}/{meta['uid']}":
-            return self.failed(
-                "TargetExists",
-                f"spec.target.name: {plugin.kind} {spec.target.name} exists: restoring over an instance's "
-                "data is refused; restore into a new instance",
-            )
-        await self.ensure_bootstrap_secret(client, target, s3, plugin, location_prefix)
+        made_by_this = f"{meta['name']}/{meta['uid']}"
+        replacing = (target["metadata"].get("annotations") or {}).get(RESTORED_BY) != made_by_this
+        if replacing:
+            refusal = replace_refusal(spec, plugin.kind, method)
+            if refusal:
+                return self.failed(*refusal)
+        else:
+            await self.ensure_bootstrap_secret(client, target, s3, plugin, location_prefix)
         name = job_name(meta["name"], "restore")
         job, state, progress = await read_job(client, namespace, name)
+        failure: tuple[str, str] | None = None
+        if job is None and status.get("phase") == RUNNING:
+            failure = ("JobLost", f"Job {name} was deleted before it ended")
+        elif job is not None and state.phase == FAILED:
+            failure = (state.reason, state.message)
+        if failure and replacing:
+            return await self.roll_back(client, body, plugin, s3, location_prefix, failure)
+        if failure:
+            return self.failed(*failure)
         if job is None:
-            if status.get("phase") == RUNNING:
-                return self.failed("JobLost", f"Job {name} was deleted before it ended")
             failure = await bootstrap_failure(client, plugin, namespace, spec.target.name)
             if failure:
                 return self.failed(*failure)
@@ -584,6 +622,8 @@ class RestoreKind(JobKind):
                 "storage": s3.to_api(),
                 "location": location_prefix,
             }
+            if replacing:
+                request["replace"] = replace_token(meta["uid"])
             if spec.check or method != "logical":
                 request["check"] = (spec.check or RestoreCheck()).to_api()
             await self.start_job(client, body, "restore", request, s3, plugin.backup_env(spec.target.name))
@@ -598,8 +638,6 @@ class RestoreKind(JobKind):
             return Outcome(
                 False, "Running", f"Job {name} is running", fields={"progress": progress}, retry_in=5
             )
-        if state.phase == FAILED:
-            return self.failed(state.reason, state.message)
         result = state.result or {}
         restored = result.get("bytes", 0)
         message = f"Backup {spec.backup} restored into {plugin.kind} {spec.target.name}: {restored} bytes"
@@ -616,6 +654,58 @@ class RestoreKind(JobKind):
             },
             events=(EventNote("Normal", "Completed", message),),
         )
+
+    async def roll_back(
+        self,
+        client: AsyncClient,
+        body: dict[str, Any],
+        plugin: ServicePlugin,
+        s3: S3Spec,
+        location_prefix: str,
+        failure: tuple[str, str],
+    ) -> Outcome:
+        """A replacing restore failed: a Job of its own makes sure the instance holds its own data
+        again (the restore's Job does so itself unless it was killed), then the Restore fails."""
+        meta, status = body["metadata"], body.get("status") or {}
+        spec = RestoreSpec.model_validate(body["spec"])
+        reason, message = (status.get("rollingBack") or {}).get("reason"), None
+        if reason:
+            message = status["rollingBack"]["message"]
+        else:
+            reason, message = failure
+        target = f"{plugin.kind} {spec.target.name}"
+        name = job_name(meta["name"], "rollback")
+        job, state, _ = await read_job(client, meta["namespace"], name)
+        if job is None and status.get("rollingBack"):
+            return self.failed("RollbackLost", f"{message}; Job {name}, which put the data back, was deleted")
+        if job is None:
+            request = {
+                "action": "rollback",
+                "driver": plugin.backup_driver,
+                "storage": s3.to_api(),
+                "location": location_prefix,
+                "replace": replace_token(meta["uid"]),
+            }
+            await self.start_job(client, body, "rollback", request, s3, plugin.backup_env(spec.target.name))
+            return Outcome(
+                False,
+                "RollingBack",
+                f"the restore failed ({reason}): Job {name} puts {target}'s own data back",
+                fields={"phase": RUNNING, "rollingBack": {"reason": reason, "message": message}},
+                retry_in=3,
+                events=(EventNote("Warning", reason, message),),
+            )
+        if state.phase == RUNNING:
+            return Outcome(False, "RollingBack", f"Job {name} puts {target}'s own data back", retry_in=5)
+        if state.phase == FAILED:
+            return self.failed(
+                "RollbackFailed",
+                f"{message}; putting {target}'s data back failed too ({state.message}): what was kept "
+                f"aside has {replace_token(meta['uid'])} in its name",
+            )
+        put_back = ((state.result or {}).get("details") or {}).get("putBack") or []
+        back = f" ({', '.join(put_back)} put back)" if put_back else ""
+        return self.failed(reason, f"{message}; {target} holds its own data again{back}")
 
     async def ensure_bootstrap_secret(
         self,
@@ -662,6 +752,7 @@ class RestoreKind(JobKind):
             "startedAt": string,
             "completedAt": string,
             "createdTarget": {"type": "boolean"},
+            "rollingBack": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
             "progress": {"type": "object", "nullable": True, "x-kubernetes-preserve-unknown-fields": True},
             "details": {"type": "object", "nullable": True, "x-kubernetes-preserve-unknown-fields": True},
         }

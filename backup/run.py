@@ -7,7 +7,9 @@ the pod's termination message, where the operator reads it when the Job ends.
 
 Backup: the driver streams each object to S3 (multipart, sha256 on the way), then the manifest
 is written, last. Restore: the manifest is read, every object is read once and checked against
-its sha256 before the driver applies anything, and checked again while it is applied.
+its sha256 before the driver applies anything, and checked again while it is applied. A restore
+that replaces an instance's data keeps that data aside until the restore and its check
+succeeded, and puts it back otherwise (or, if the Job was killed, in a `rollback` Job).
 """
 
 from __future__ import annotations
@@ -167,13 +169,28 @@ def restore(request: dict[str, Any], client: Any, spec: S3Spec) -> dict[str, Any
         return checked_chunks(client, spec, objects[name], progress)
 
     driver = drivers.load(request["driver"])
-    details = driver.restore(manifest, source)
-    if "check" in request:
-        say("progress", {"checking": True})
-        details["check"] = driver.check(
-            manifest, request["check"].get("query"), request["check"].get("database")
-        )
+    replace = request.get("replace")
+    try:
+        details = driver.restore(manifest, source, replace)
+        if "check" in request:
+            say("progress", {"checking": True})
+            details["check"] = driver.check(
+                manifest, request["check"].get("query"), request["check"].get("database")
+            )
+    except BaseException:
+        if replace:  # the instance's own data back in place before the failure is reported
+            driver.roll_back(manifest, replace)
+        raise
+    if replace:
+        details.update(driver.commit(manifest, replace))
     return {"bytes": progress.bytes, "objects": len(manifest.objects), "details": details}
+
+
+def roll_back(request: dict[str, Any], client: Any, spec: S3Spec) -> dict[str, Any]:
+    """After a replacing restore's Job failed without putting things back (it was killed)."""
+    manifest = read_manifest(client, spec, request["location"])
+    details = drivers.load(request["driver"]).roll_back(manifest, request["replace"])
+    return {"bytes": 0, "objects": 0, "details": details}
 
 
 def check(request: dict[str, Any], client: Any, spec: S3Spec) -> dict[str, Any]:
@@ -219,7 +236,13 @@ def main() -> int:
     spec = S3Spec.model_validate(request["storage"])
     try:
         client = s3_client(spec, os.environ["AWS_ACCESS_KEY_ID"], os.environ["AWS_SECRET_ACCESS_KEY"])
-        actions = {"backup": take_backup, "restore": restore, "check": check, "bootstrap": bootstrap}
+        actions = {
+            "backup": take_backup,
+            "restore": restore,
+            "rollback": roll_back,
+            "check": check,
+            "bootstrap": bootstrap,
+        }
         started = time.monotonic()
         result = actions[request["action"]](request, client, spec)
         result["seconds"] = round(time.monotonic() - started, 3)

@@ -491,3 +491,71 @@ def test_a_restore_test_fails_loudly_on_a_tampered_backup(
         if e.reason == "VerificationFailed" and e.type == "Warning"
     ]
     assert warnings
+
+
+ASIDE = "SELECT count(*) FROM pg_database WHERE position('__before_' in datname) > 0"
+
+
+def test_a_restore_replaces_an_instances_databases_and_puts_them_back_when_it_fails(
+    kube: Client, namespace: str, operator: OperatorProcess, bucket: str
+) -> None:
+    demo_with_storage(kube, namespace, bucket, "17")
+    orders, _ = seed(kube, namespace, "demo")
+    service = {"kind": "Postgres", "name": "demo"}
+    apply(kube, Backup, namespace, "before", {"service": service, "storage": "s3", "method": "logical"})
+    wait_phase(kube, Backup, namespace, "before", "Completed")
+    # After the backup, a bad deploy deletes rows; a database the backup does not hold appears.
+    sql(kube, namespace, "demo", "DELETE FROM orders WHERE id % 2 = 0", database="shop")
+    sql(kube, namespace, "demo", "CREATE DATABASE scratch")
+    damaged = sql(kube, namespace, "demo", CHECKSUM, database="shop")
+    target = {"kind": "Postgres", "name": "demo", "replace": True}
+
+    # Its check fails: the restore is undone and the instance holds what it held.
+    failing = {"backup": "before", "target": target, "check": {"query": "SELECT false", "database": "shop"}}
+    apply(kube, Restore, namespace, "failing", failing)
+    failed = wait_phase(kube, Restore, namespace, "failing", "Failed", timeout=300)
+    assert failed["reason"] == "CheckFailed", failed
+    assert "Postgres demo holds its own data again" in failed["message"]
+    assert sql(kube, namespace, "demo", CHECKSUM, database="shop") == damaged
+    assert sql(kube, namespace, "demo", ASIDE) == 0
+
+    # Its Job killed while the restored data is in place and the instance's own kept aside:
+    # a Job of its own puts that back.
+    slow_check = {"query": "SELECT count(*) FROM pg_sleep(300)", "database": "shop"}
+    apply(kube, Restore, namespace, "killed", {"backup": "before", "target": target, "check": slow_check})
+
+    def checking() -> str | None:
+        pods = kube.list(Pod, namespace=namespace, labels={"job-name": "killed-restore"})
+        running = [p.metadata.name for p in pods if p.status.phase == "Running"]
+        if running and any('"checking"' in line for line in kube.log(running[0], namespace=namespace)):
+            return running[0]
+        return None
+
+    pod = wait_until("the restore checking", checking, timeout=240, interval=0.5)
+    assert sql(kube, namespace, "demo", ASIDE) == 1
+    assert sql(kube, namespace, "demo", CHECKSUM, database="shop") == orders  # the backup's, for now
+    kube.delete(Pod, pod, namespace=namespace, grace_period=0)
+    failed = wait_phase(kube, Restore, namespace, "killed", "Failed", timeout=240)
+    assert failed["reason"] == "JobFailed", failed
+    assert "(shop put back)" in failed["message"]
+    assert sql(kube, namespace, "demo", CHECKSUM, database="shop") == damaged
+    assert sql(kube, namespace, "demo", ASIDE) == 0
+
+    # The restore that succeeds: the backup's data; the database it does not hold, untouched.
+    apply(kube, Restore, namespace, "undo-the-deploy", {"backup": "before", "target": target})
+    done = wait_phase(kube, Restore, namespace, "undo-the-deploy", "Completed", timeout=300)
+    assert sql(kube, namespace, "demo", CHECKSUM, database="shop") == orders
+    assert "shop" in done["details"]["replaced"]
+    assert "scratch" in done["details"]["untouched"]
+    assert sql(kube, namespace, "demo", "SELECT count(*) FROM pg_database WHERE datname = 'scratch'") == 1
+    assert sql(kube, namespace, "demo", ASIDE) == 0
+    owner = "SELECT pg_get_userbyid(datdba) FROM pg_database WHERE datname = 'shop'"
+    assert sql(kube, namespace, "demo", owner) == "shop_owner"
+
+    # A physical backup is refused in place: nothing is touched.
+    apply(kube, Backup, namespace, "base", {"service": service, "storage": "s3", "method": "physical"})
+    wait_phase(kube, Backup, namespace, "base", "Completed")
+    apply(kube, Restore, namespace, "physical", {"backup": "base", "target": target})
+    refused = wait_phase(kube, Restore, namespace, "physical", "Failed")
+    assert refused["reason"] == "ReplaceRefused"
+    assert refused["message"].startswith("spec.target.replace:")

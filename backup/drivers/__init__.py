@@ -36,7 +36,18 @@ class Driver(Protocol):
 
     def backup(self, method: str, sink: Sink) -> Taken: ...
 
-    def restore(self, manifest: Manifest, source: Source) -> dict[str, Any]: ...
+    def restore(self, manifest: Manifest, source: Source, replace: str | None = None) -> dict[str, Any]:
+        """Into the running instance. With `replace` (a token of the Restore), what the instance
+        holds of the backup's data is set aside first, under names made from the token."""
+        ...
+
+    def roll_back(self, manifest: Manifest, replace: str) -> dict[str, Any]:
+        """Undoes a replacing restore that failed: the instance's own data back in place."""
+        ...
+
+    def commit(self, manifest: Manifest, replace: str) -> dict[str, Any]:
+        """A replacing restore succeeded: what was set aside goes."""
+        ...
 
     def check(self, manifest: Manifest, query: str | None, database: str | None) -> dict[str, Any]:
         """After a restore: the instance holds the backup's data (it reads everything restored,

@@ -20,11 +20,13 @@ import subprocess
 import tarfile
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import psycopg
+from psycopg import sql
 
 from backup.drivers import CheckFailed, Sink, Source, Taken
 from backup.manifest import Manifest, PhysicalPosition
@@ -272,6 +274,89 @@ def system_identifier() -> str:
         return str(conn.execute("SELECT system_identifier FROM pg_control_system()").fetchone()[0])
 
 
+STATE_SETTING = "statefleet.restore"  # on the postgres database, while a replacing restore runs
+ASIDE = "__before_"
+
+
+def aside_name(database: str, replace: str) -> str:
+    """Where a replacing restore keeps a database until it succeeded (63 bytes at most)."""
+    suffix = f"{ASIDE}{replace}"
+    head = database.encode()[: 63 - len(suffix.encode())].decode(errors="ignore")
+    return head + suffix
+
+
+def identifiers(*names: str) -> list[sql.Identifier]:
+    return [sql.Identifier(name) for name in names]
+
+
+def all_databases() -> set[str]:
+    """With the ones that take no connections (set aside by a restore)."""
+    with connect() as conn:
+        return {r[0] for r in conn.execute("SELECT datname FROM pg_database WHERE NOT datistemplate")}
+
+
+def restore_state() -> str:
+    with connect() as conn:
+        row = conn.execute(
+            "SELECT s.setconfig FROM pg_db_role_setting s JOIN pg_database d ON d.oid = s.setdatabase"
+            " WHERE d.datname = 'postgres' AND s.setrole = 0"
+        ).fetchone()
+    for item in (row[0] if row else None) or []:
+        key, _, value = item.partition("=")
+        if key == STATE_SETTING:
+            return value
+    return ""
+
+
+def set_aside(names: list[str], replace: str) -> None:
+    """Closes each database to new sessions, ends its sessions and renames it aside; then
+    records that every one was (a database of the backup's name is then the restore's own)."""
+    with connect() as conn:
+        for name in names:
+            conn.execute(sql.SQL("ALTER DATABASE {} ALLOW_CONNECTIONS false").format(sql.Identifier(name)))
+            for attempt in range(20):
+                conn.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                    " WHERE datname = %s AND pid <> pg_backend_pid()",
+                    (name,),
+                )
+                try:
+                    conn.execute(
+                        sql.SQL("ALTER DATABASE {} RENAME TO {}").format(
+                            *identifiers(name, aside_name(name, replace))
+                        )
+                    )
+                    break
+                except psycopg.errors.ObjectInUse:
+                    if attempt == 19:
+                        raise
+                    time.sleep(0.5)
+        conn.execute(
+            sql.SQL("ALTER DATABASE postgres SET {} TO {}").format(
+                sql.SQL(STATE_SETTING), sql.Literal(f"restoring {replace}")
+            )
+        )
+
+
+def restore_database(name: str, chunks: Iterator[bytes], older: bool, clean: bool) -> None:
+    """One pg_dump archive: a database of its own is created by pg_restore; the postgres
+    database is restored into, in one transaction (over what it holds, with `clean`)."""
+    into_postgres = name == "postgres"
+    cleaning = ["--clean", "--if-exists"] if clean and into_postgres else []
+    if older:
+        # pg_restore 17 sets parameters an older server does not know: its script goes to psql
+        # without them.
+        restore = ["pg_restore", "--file", "-", *cleaning] + ([] if into_postgres else ["--create"])
+        psql = ["psql", "--no-psqlrc", "--quiet", "-v", "ON_ERROR_STOP=1", "--dbname", "postgres"]
+        psql += ["--single-transaction"] if into_postgres else []
+        run_piped(restore, ScriptFilter(), psql, chunks)
+    elif into_postgres:
+        argv = ["pg_restore", "--exit-on-error", "--single-transaction", *cleaning, "--dbname", "postgres"]
+        run_streaming_in(argv, chunks)
+    else:
+        run_streaming_in(["pg_restore", "--exit-on-error", "--create", "--dbname", "postgres"], chunks)
+
+
 BASE_TAR = "base.tar.zst"
 PHYSICAL_COMPRESSION = "server-zstd:1"
 RESTORED_MARK = "statefleet-restored"  # start.sh starts a server that has it as the new primary
@@ -308,39 +393,81 @@ class PostgresDriver:
             listed.append({"name": name, "object": object_name, "size": stored.size})
         return Taken(version, details={"databases": listed})
 
-    def restore(self, manifest: Manifest, source: Source) -> dict[str, Any]:
+    def restore(self, manifest: Manifest, source: Source, replace: str | None = None) -> dict[str, Any]:
         if manifest.method != "logical":
             raise CommandFailed(
                 f"a {manifest.method} backup is restored by a new instance's first pod, not by a Job"
             )
-        wanted = manifest.details.get("databases", [])
+        if replace:
+            self.roll_back(manifest, replace)  # what an earlier, killed attempt left
+        wanted = [d["name"] for d in manifest.details.get("databases", [])]
         existing = set(databases())
-        clashes = sorted(d["name"] for d in wanted if d["name"] != "postgres" and d["name"] in existing)
-        if clashes:
+        clashes = sorted(name for name in wanted if name != "postgres" and name in existing)
+        if clashes and not replace:
             raise CommandFailed(
-                f"the target already has the databases {', '.join(clashes)}: restore into a new instance"
+                f"the target already has the databases {', '.join(clashes)}: restore into a new instance, "
+                "or set spec.target.replace"
             )
+        if replace:
+            set_aside(clashes, replace)
         output = run_streaming_in(
             ["psql", "--no-psqlrc", "--quiet", "--dbname", "postgres", "-f", "-"], source("globals.sql")
         )
         role_errors = [line for line in output.splitlines() if "ERROR:" in line]
         older = int(server_version().split(".")[0]) < CLIENT_MAJOR
-        for database in wanted:
-            into_postgres = database["name"] == "postgres"
-            if older:
-                # pg_restore 17 sets parameters an older server does not know: its script goes
-                # to psql without them.
-                restore = ["pg_restore", "--file", "-"] + ([] if into_postgres else ["--create"])
-                psql = ["psql", "--no-psqlrc", "--quiet", "-v", "ON_ERROR_STOP=1", "--dbname", "postgres"]
-                psql += ["--single-transaction"] if into_postgres else []
-                run_piped(restore, ScriptFilter(), psql, source(database["object"]))
-            elif into_postgres:
-                argv = ["pg_restore", "--exit-on-error", "--single-transaction", "--dbname", "postgres"]
-                run_streaming_in(argv, source(database["object"]))
-            else:
-                argv = ["pg_restore", "--exit-on-error", "--create", "--dbname", "postgres"]
-                run_streaming_in(argv, source(database["object"]))
-        return {"databases": [d["name"] for d in wanted], "roleErrors": role_errors[:20]}
+        # The postgres database last: restored in one transaction, it is the only one changed in
+        # place, and only once every other database was restored.
+        for database in sorted(manifest.details.get("databases", []), key=lambda d: d["name"] == "postgres"):
+            restore_database(database["name"], source(database["object"]), older, clean=bool(replace))
+        result: dict[str, Any] = {"databases": wanted, "roleErrors": role_errors[:20]}
+        if replace:
+            result["replaced"] = clashes
+            result["untouched"] = sorted(existing - set(wanted))
+        return result
+
+    def roll_back(self, manifest: Manifest, replace: str) -> dict[str, Any]:
+        """Puts back what a replacing restore set aside: the databases it restored go, the ones it
+        set aside take their names back. Once it had committed, it finishes instead."""
+        state = restore_state()
+        wanted = [d["name"] for d in manifest.details.get("databases", []) if d["name"] != "postgres"]
+        present = all_databases()
+        if state == f"committing {replace}":
+            return self.commit(manifest, replace)
+        put_back = []
+        with connect() as conn:
+            for name in wanted:
+                aside = aside_name(name, replace)
+                if aside in present:
+                    if name in present:
+                        conn.execute(sql.SQL("DROP DATABASE {} WITH (FORCE)").format(sql.Identifier(name)))
+                    conn.execute(sql.SQL("ALTER DATABASE {} RENAME TO {}").format(*identifiers(aside, name)))
+                    conn.execute(
+                        sql.SQL("ALTER DATABASE {} ALLOW_CONNECTIONS true").format(sql.Identifier(name))
+                    )
+                    put_back.append(name)
+                elif name in present and state == f"restoring {replace}":
+                    # Every database the backup holds had been set aside: this one is the restore's.
+                    conn.execute(sql.SQL("DROP DATABASE {} WITH (FORCE)").format(sql.Identifier(name)))
+            conn.execute(f"ALTER DATABASE postgres RESET {STATE_SETTING}")
+        return {"putBack": put_back}
+
+    def commit(self, manifest: Manifest, replace: str) -> dict[str, Any]:
+        """The restore succeeded (and its check passed): what was set aside goes."""
+        present = all_databases()
+        dropped = []
+        with connect() as conn:
+            conn.execute(
+                sql.SQL("ALTER DATABASE postgres SET {} TO {}").format(
+                    sql.SQL(STATE_SETTING), sql.Literal(f"committing {replace}")
+                )
+            )
+            for database in manifest.details.get("databases", []):
+                aside = aside_name(database["name"], replace)
+                if aside in present:
+                    conn.execute(sql.SQL("DROP DATABASE {} WITH (FORCE)").format(sql.Identifier(aside)))
+                    dropped.append(aside)
+            conn.execute(f"ALTER DATABASE postgres RESET {STATE_SETTING}")
+        return {"droppedAside": dropped}
 
     def bootstrap_wanted(self) -> str | None:
         """Why this pod must not take a physical backup's data (None: it must): only the first

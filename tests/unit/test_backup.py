@@ -8,10 +8,10 @@ import json
 import pytest
 from pydantic import ValidationError
 
-from backup.drivers.postgres import CommandFailed, ScriptFilter, filter_globals, parse_basebackup_log
+from backup.drivers.postgres import CommandFailed, ScriptFilter, aside_name, filter_globals, parse_basebackup_log
 from backup.job import build_job, job_name, job_state, last_progress
 from backup.manifest import Manifest, ManifestObject, location, manifest_key
-from backup.resources import BackupSpec, seconds_between
+from backup.resources import BackupSpec, RestoreSpec, replace_refusal, replace_token, seconds_between
 from backup.storage import S3Spec, encryption_args, object_key
 
 pytestmark = pytest.mark.unit
@@ -193,3 +193,30 @@ def test_a_script_for_an_older_server_loses_only_the_settings_it_refuses() -> No
     keep = ScriptFilter()
     kept = [line for line in script if keep(line) is not None]
     assert kept == [script[0], script[2], script[3], script[4], script[5], script[6]]
+
+
+def test_a_restore_goes_into_an_existing_instance_only_when_asked_and_only_logically() -> None:
+    def refusal(target: dict, method: str = "logical") -> tuple[str, str] | None:
+        spec = RestoreSpec.model_validate({"backup": "demo-now", "target": {"kind": "Postgres", **target}})
+        return replace_refusal(spec, "Postgres", method)
+
+    reason, message = refusal({"name": "demo"})
+    assert reason == "TargetExists"
+    assert "spec.target.replace" in message
+    assert refusal({"name": "demo", "replace": True}) is None
+    reason, message = refusal({"name": "demo", "replace": True}, "physical")
+    assert (reason, message.split(":")[0]) == ("ReplaceRefused", "spec.target.replace")
+    reason, message = refusal({"name": "demo", "replace": True, "spec": {"instances": 1}})
+    assert message.startswith("spec.target.spec:")
+
+
+def test_what_a_replacing_restore_sets_aside_is_named_after_the_restore() -> None:
+    token = replace_token("0a1b2c3d-4e5f-6789-abcd-ef0123456789")
+    assert token == "0a1b2c3d"
+    assert aside_name("shop", token) == "shop__before_0a1b2c3d"
+    longest = aside_name("x" * 63, token)
+    assert len(longest.encode()) <= 63
+    assert longest.endswith("__before_0a1b2c3d")
+    # A multibyte name is cut between characters, never inside one.
+    assert len(aside_name("é" * 40, token).encode()) <= 63
+    assert aside_name("é" * 40, token).startswith("é")
