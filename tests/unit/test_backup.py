@@ -8,7 +8,13 @@ import json
 import pytest
 from pydantic import ValidationError
 
-from backup.drivers.postgres import CommandFailed, ScriptFilter, aside_name, filter_globals, parse_basebackup_log
+from backup.drivers.postgres import (
+    CommandFailed,
+    ScriptFilter,
+    aside_name,
+    filter_globals,
+    parse_basebackup_log,
+)
 from backup.job import build_job, job_name, job_state, last_progress
 from backup.manifest import Manifest, ManifestObject, location, manifest_key
 from backup.resources import BackupSpec, RestoreSpec, replace_refusal, replace_token, seconds_between
