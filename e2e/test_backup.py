@@ -12,6 +12,7 @@ import json
 import subprocess
 import tarfile
 import time
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -311,8 +312,27 @@ def test_storage_faults_fail_with_a_clear_reason_and_leave_nothing(
     assert "spec.method" in unsupported["message"]
     assert s3_api(s3_settings()).list_objects_v2(Bucket=bucket).get("KeyCount", 0) == 0
 
+    # A plan whose backups fail retries them with backoff, between its scheduled runs.
+    plan = {"service": service, "storage": "wrongkeys", "schedule": "*/2 * * * *", "method": "logical"}
+    apply(kube, BackupPlan, namespace, "failing", plan)
+    backing_off = wait_reason(kube, BackupPlan, namespace, "failing", "BackingOff", timeout=200)
+    assert "1 failed in a row" in backing_off
+    plan_status = status(kube, BackupPlan, namespace, "failing")
+    assert plan_status["consecutiveFailures"] == 1
+    assert plan_status["nextRetryTime"] < plan_status["nextScheduleTime"]
+    wait_until(
+        "a second, retried backup",
+        lambda: status(kube, BackupPlan, namespace, "failing").get("consecutiveFailures") == 2,
+        timeout=150,
+        interval=2,
+    )
+    reasons = [
+        (b.get("status") or {}).get("reason") for b in plan_backups(kube, namespace, "failing").values()
+    ]
+    assert reasons.count("AccessDenied") >= 2, reasons
 
-def test_a_backup_whose_pod_is_killed_fails_and_leaves_nothing(
+
+def test_a_backup_whose_pod_is_killed_or_whose_instance_goes_down_fails_and_leaves_nothing(
     kube: Client, namespace: str, operator: OperatorProcess, bucket: str
 ) -> None:
     demo_with_storage(kube, namespace, bucket, "17")
@@ -325,30 +345,48 @@ def test_a_backup_whose_pod_is_killed_fails_and_leaves_nothing(
         f"CREATE TABLE filler AS SELECT g, {noise} AS noise FROM generate_series(1, 2500000) g",
     )
     service = {"kind": "Postgres", "name": "demo"}
+    api = s3_api(s3_settings())
+
+    def uploading(backup: str) -> Callable[[], str | None]:
+        def pod() -> str | None:
+            """The Job's pod once it printed progress (every 2 s while it uploads)."""
+            for found in kube.list(Pod, namespace=namespace, labels={"job-name": f"{backup}-backup"}):
+                if found.status.phase == "Running":
+                    lines = list(kube.log(found.metadata.name, namespace=namespace, tail_lines=2))
+                    if any('"progress"' in line for line in lines):
+                        return found.metadata.name
+            return None
+
+        return pod
+
+    def nothing_left() -> None:
+        """A partial upload never counts: no object, no unfinished upload, no manifest."""
+        assert api.list_objects_v2(Bucket=bucket).get("KeyCount", 0) == 0
+        assert not api.list_multipart_uploads(Bucket=bucket).get("Uploads")
+
     apply(kube, Backup, namespace, "killed", {"service": service, "storage": "s3", "method": "logical"})
-
-    def uploading() -> str | None:
-        """The Job's pod once it printed progress (every 2 s while it uploads)."""
-        for pod in kube.list(Pod, namespace=namespace, labels={"job-name": "killed-backup"}):
-            if pod.status.phase == "Running":
-                lines = list(kube.log(pod.metadata.name, namespace=namespace, tail_lines=2))
-                if any('"progress"' in line for line in lines):
-                    return pod.metadata.name
-        return None
-
-    pod = wait_until("the backup uploading", uploading, timeout=120, interval=0.3)
+    pod = wait_until("the backup uploading", uploading("killed"), timeout=120, interval=0.3)
     kube.delete(Pod, pod, namespace=namespace, grace_period=0)
     failed = wait_phase(kube, Backup, namespace, "killed", "Failed")
     assert failed["reason"] == "JobFailed"
     assert "killed or deleted" in failed["message"] or "ended" in failed["message"]
-    # A partial upload never counts: no object, no unfinished upload, no manifest.
-    api = s3_api(s3_settings())
-    assert api.list_objects_v2(Bucket=bucket).get("KeyCount", 0) == 0
-    assert not api.list_multipart_uploads(Bucket=bucket).get("Uploads")
+    nothing_left()
     events = [
         e.reason for e in kube.list(Event, namespace=namespace, fields={"involvedObject.name": "killed"})
     ]
     assert "JobFailed" in events
+
+    # The instance goes down while it is read: the dump fails and says so; the instance comes
+    # back with its data.
+    apply(kube, Backup, namespace, "down", {"service": service, "storage": "s3", "method": "logical"})
+    wait_until("the backup uploading", uploading("down"), timeout=120, interval=0.3)
+    kube.delete(Pod, "demo-0", namespace=namespace, grace_period=0)
+    failed = wait_phase(kube, Backup, namespace, "down", "Failed", timeout=240)
+    assert failed["reason"] == "CommandFailed", failed
+    assert "pg_dump" in failed["message"]
+    nothing_left()
+    wait_ready(kube, namespace, "demo", 1)
+    assert sql(kube, namespace, "demo", "SELECT count(*) FROM filler") == 2500000
 
 
 def test_a_tampered_backup_is_refused_before_anything_is_restored(
