@@ -35,12 +35,30 @@ RETRY_FIRST, RETRY_MAX = 60.0, 3600.0  # seconds: 1 min, 2, 4 ... at most an hou
 TIME_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
 
 
+def parsed_schedule(schedule: str) -> str:
+    try:
+        Schedule.parse(schedule)
+    except ScheduleError as error:
+        raise ValueError(str(error)) from error
+    return schedule
+
+
 class VerifySpec(ApiModel):
     enabled: bool = Field(default=False, description="Restore each new backup into a throwaway instance.")
+    schedule: str | None = Field(
+        default=None,
+        description="Restore tests on a schedule of their own (cron, UTC): each time, the newest "
+        "completed backup is tested, whether it was before or not. Empty: each new backup, once.",
+    )
     query: str | None = Field(
         default=None, description="Run on the restored copy; its first value must be true or non-zero."
     )
     database: str = Field(default="postgres", description="Where the query runs.")
+
+    @field_validator("schedule")
+    @classmethod
+    def valid_schedule(cls, schedule: str | None) -> str | None:
+        return None if schedule is None else parsed_schedule(schedule)
 
 
 class BackupPlanSpec(ApiModel):
@@ -62,11 +80,7 @@ class BackupPlanSpec(ApiModel):
     @field_validator("schedule")
     @classmethod
     def valid_schedule(cls, schedule: str) -> str:
-        try:
-            Schedule.parse(schedule)
-        except ScheduleError as error:
-            raise ValueError(str(error)) from error
-        return schedule
+        return parsed_schedule(schedule)
 
 
 def parse_time(text: str | None) -> datetime | None:
@@ -166,11 +180,40 @@ def plan_backups(
     return PlanDecision(None, None, prune, next_due, "Scheduled", f"first backup at {iso(next_due)}", fields)
 
 
+@dataclass(frozen=True)
+class VerifyDecision:
+    backup: str | None  # the backup to test now
+    scheduled_for: datetime | None  # the verify schedule's time it serves
+    wake_at: datetime | None
+
+
+def backup_to_verify(
+    verify: VerifySpec, last_scheduled: datetime, now: datetime, newest: Candidate | None, tested: bool
+) -> VerifyDecision:
+    """Pure: which backup a restore test takes now. Without a schedule of its own, the newest
+    completed backup once (`tested`: it has a Verified condition); with one, the newest at each
+    of its times, tested before or not."""
+    if not verify.schedule:
+        return VerifyDecision(newest.name if newest and not tested else None, None, None)
+    schedule = Schedule.parse(verify.schedule)
+    due = last_fire_at_or_before(schedule, last_scheduled, now)
+    wake_at = schedule.next_after(due or last_scheduled)
+    if due is None or newest is None:
+        return VerifyDecision(None, None, wake_at)
+    return VerifyDecision(newest.name, due, wake_at)
+
+
 def build_verify_restore(
-    plan_meta: dict[str, Any], spec: BackupPlanSpec, backup: dict[str, Any]
+    plan_meta: dict[str, Any], spec: BackupPlanSpec, backup: dict[str, Any], at: datetime | None = None
 ) -> dict[str, Any]:
-    """A Restore of `backup` into a throwaway single instance, with the plan's check."""
+    """A Restore of `backup` into a throwaway single instance, with the plan's check; `at`, the
+    verify schedule's time, tells apart the tests of one backup (and their throwaways)."""
     name, uid = backup["metadata"]["name"], backup["metadata"]["uid"]
+    restore_name, target_name = f"{name[:50]}-verify", f"{plan_meta['name'][:24]}-verify-{uid[:6]}"
+    if at is not None:
+        when = at.strftime("%d%H%M")
+        restore_name = f"{name[:43]}-verify-{when}"
+        target_name = f"{plan_meta['name'][:17]}-verify-{uid[:6]}-{when}"
     check: dict[str, Any] = {"database": spec.verify.database}
     if spec.verify.query:
         check["query"] = spec.verify.query
@@ -178,7 +221,7 @@ def build_verify_restore(
         "apiVersion": API_VERSION,
         "kind": "Restore",
         "metadata": {
-            "name": f"{name[:50]}-verify",
+            "name": restore_name,
             "namespace": plan_meta["namespace"],
             "labels": {
                 LABEL_MANAGED_BY: MANAGER,
@@ -191,7 +234,7 @@ def build_verify_restore(
             "backup": name,
             "target": {
                 "kind": spec.service.kind,
-                "name": f"{plan_meta['name'][:24]}-verify-{uid[:6]}",
+                "name": target_name,
                 "spec": {"instances": 1, "deletionPolicy": "Delete"},
             },
             "check": check,
@@ -271,16 +314,18 @@ class BackupPlanKind(InServiceKind):
             events.append(EventNote("Normal", decision.reason, decision.message))
         depends = frozenset(Ref("Backup", b["metadata"]["name"]) for b in backups) | created_ref
         verification: dict[str, Any] = {}
+        verify_wake_at = None
         if spec.verify.enabled:
-            verification, verify_events, verify_refs = await self.verify(
-                client, body, spec, backups, decision.prune
+            verification, verify_events, verify_refs, verify_wake_at = await self.verify(
+                client, body, spec, backups, decision.prune, now
             )
             events.extend(verify_events)
             depends |= verify_refs
         # A Backup's changes call for a pass (it ends, or is deleted); the clock calls for the rest.
         retry_in = 300.0
-        if decision.wake_at is not None:
-            retry_in = min(retry_in, max(1.0, (decision.wake_at - now).total_seconds()))
+        for wake_at in (decision.wake_at, verify_wake_at):
+            if wake_at is not None:
+                retry_in = min(retry_in, max(1.0, (wake_at - now).total_seconds()))
         ready, reason, message = (
             decision.reason in ("Scheduled", "BackupRunning", "BackupStarted", "Suspended"),
             decision.reason,
@@ -309,10 +354,11 @@ class BackupPlanKind(InServiceKind):
         spec: BackupPlanSpec,
         backups: list[dict[str, Any]],
         pruned: list[str],
-    ) -> tuple[dict[str, Any], list[EventNote], frozenset[Ref]]:
-        """Restore tests, one at a time: the newest completed backup not yet verified is restored
-        into a throwaway instance with a check; the result goes on the Backup (condition
-        Verified) and the plan (`lastVerification`), then the throwaway goes."""
+        now: datetime,
+    ) -> tuple[dict[str, Any], list[EventNote], frozenset[Ref], datetime | None]:
+        """Restore tests, one at a time: the backup `backup_to_verify` picks is restored into a
+        throwaway instance with a check; the result goes on the Backup (condition Verified) and
+        the plan (`lastVerification`), then the throwaway goes. Returns when to look again."""
         meta = plan["metadata"]
         namespace = meta["namespace"]
         restores = [
@@ -362,20 +408,33 @@ class BackupPlanKind(InServiceKind):
                 await delete_quietly(client, plugin.resource(), target["name"], namespace)
             await delete_quietly(client, RestoreKind.resource(), restore["metadata"]["name"], namespace)
         if refs:
-            return fields, events, frozenset(refs)
+            return fields, events, frozenset(refs), None
         verifying = {r["spec"]["backup"] for r in restores}
-        for backup in sorted(backups, key=lambda b: candidate(b).at, reverse=True):
-            found = candidate(backup)
-            status = backup.get("status") or {}
-            if found.phase != COMPLETED or found.name in pruned:
-                continue
-            if found.name in verifying or conditions.find(status.get("conditions"), "Verified"):
-                break  # the newest is verified (or just was): older ones are not tested again
-            restore = build_verify_restore(meta, spec, backup)
-            await client.create(codecs.from_dict(restore))
+        completed = [candidate(b) for b in backups]
+        completed = [c for c in completed if c.phase == COMPLETED and c.name not in pruned]
+        newest = max(completed, key=lambda c: c.at) if completed else None
+        tested = newest is not None and (
+            newest.name in verifying
+            or conditions.find((by_name[newest.name].get("status") or {}).get("conditions"), "Verified")
+            is not None
+        )
+        last_scheduled = parse_time((plan.get("status") or {}).get("lastVerifyScheduleTime"))
+        decision = backup_to_verify(
+            spec.verify, last_scheduled or parse_time(meta["creationTimestamp"]) or now, now, newest, tested
+        )
+        fields["nextVerifyTime"] = iso(decision.wake_at) if decision.wake_at else None
+        if decision.backup:
+            restore = build_verify_restore(meta, spec, by_name[decision.backup], decision.scheduled_for)
+            try:
+                await client.create(codecs.from_dict(restore))
+            except ApiError as error:
+                if error.status.code != 409:
+                    raise
+                return fields, events, frozenset(refs), now + timedelta(seconds=10)  # the last one still goes
             refs.add(Ref("Restore", restore["metadata"]["name"]))
-            break
-        return fields, events, frozenset(refs)
+            if decision.scheduled_for:
+                fields["lastVerifyScheduleTime"] = iso(decision.scheduled_for)
+        return fields, events, frozenset(refs), decision.wake_at
 
     def build_backup(self, plan: dict[str, Any], spec: BackupPlanSpec, name: str) -> dict[str, Any]:
         backup_spec: dict[str, Any] = {
@@ -411,6 +470,8 @@ class BackupPlanKind(InServiceKind):
             "lastSuccessfulBackup": string,
             "consecutiveFailures": {"type": "integer"},
             "backups": {"type": "integer", "description": "the plan's backups retention keeps"},
+            "lastVerifyScheduleTime": string,
+            "nextVerifyTime": {"type": "string", "nullable": True},
             "lastVerification": {
                 "type": "object",
                 "description": "the last restore test: which backup, Passed or Failed, why, when",

@@ -597,3 +597,46 @@ def test_a_restore_replaces_an_instances_databases_and_puts_them_back_when_it_fa
     refused = wait_phase(kube, Restore, namespace, "physical", "Failed")
     assert refused["reason"] == "ReplaceRefused"
     assert refused["message"].startswith("spec.target.replace:")
+
+
+def test_restore_tests_on_a_schedule_of_their_own_test_the_newest_backup_again(
+    kube: Client, namespace: str, operator: OperatorProcess, bucket: str
+) -> None:
+    demo_with_storage(kube, namespace, bucket, "17")
+    sql(kube, namespace, "demo", "CREATE TABLE t AS SELECT generate_series(1, 1000) AS id")
+    # The plan's own backups come once a year; the one it tests is taken now, under its label.
+    plan = {
+        "service": {"kind": "Postgres", "name": "demo"},
+        "storage": "s3",
+        "schedule": "0 0 1 1 *",
+        "method": "logical",
+        "verify": {"enabled": True, "schedule": "* * * * *", "query": "SELECT count(*) = 1000 FROM t"},
+    }
+    apply(kube, BackupPlan, namespace, "weekly-test", plan)
+    kube.create(
+        Backup(
+            metadata=ObjectMeta(
+                name="taken-by-hand",
+                namespace=namespace,
+                labels={"statefleet.dev/backup-plan": "weekly-test"},
+            ),
+            spec={"service": {"kind": "Postgres", "name": "demo"}, "storage": "s3", "method": "logical"},
+        )
+    )
+    wait_phase(kube, Backup, namespace, "taken-by-hand", "Completed")
+
+    seen: list[str] = []
+
+    def tested_twice() -> bool:
+        last = status(kube, BackupPlan, namespace, "weekly-test").get("lastVerification") or {}
+        if last.get("backup") == "taken-by-hand" and last.get("at") not in seen:
+            assert last["result"] == "Passed", last
+            seen.append(last["at"])
+        return len(seen) >= 2
+
+    wait_until("the backup tested at two times of the verify schedule", tested_twice, timeout=360, interval=2)
+    plan_status = status(kube, BackupPlan, namespace, "weekly-test")
+    assert plan_status["nextVerifyTime"] > plan_status["lastVerifyScheduleTime"]
+    condition = verified(kube.get(Backup, "taken-by-hand", namespace=namespace).to_dict())
+    assert condition is not None
+    assert condition["status"] == "True"

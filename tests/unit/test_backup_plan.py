@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from pydantic import ValidationError
 
-from backup.plan import BackupPlanSpec, plan_backups
+from backup.plan import BackupPlanSpec, VerifySpec, backup_to_verify, build_verify_restore, plan_backups
 from backup.retention import Candidate, RetentionSpec, to_prune
 from backup.schedule import Schedule, ScheduleError
 
@@ -152,3 +152,49 @@ def test_suspended_plans_start_nothing_but_still_prune() -> None:
     assert decision.create is None
     assert decision.reason == "Suspended"
     assert decision.prune == ["a"]
+
+
+def test_without_a_schedule_of_its_own_each_new_backup_is_tested_once() -> None:
+    verify = VerifySpec(enabled=True)
+    newest = Candidate("n2", "Completed", at("2026-11-30 02:05"))
+    first = backup_to_verify(verify, CREATED, at("2026-11-30 02:06"), newest, tested=False)
+    assert (first.backup, first.scheduled_for, first.wake_at) == ("n2", None, None)
+    assert backup_to_verify(verify, CREATED, at("2026-11-30 02:06"), newest, tested=True).backup is None
+    assert backup_to_verify(verify, CREATED, at("2026-11-30 02:06"), None, tested=False).backup is None
+
+
+def test_on_a_schedule_of_its_own_the_newest_backup_is_tested_again_each_time() -> None:
+    verify = VerifySpec(enabled=True, schedule="0 4 * * sun")
+    newest = Candidate("n2", "Completed", at("2026-11-30 02:05"))
+    last = at("2026-11-29 04:00")  # a Sunday: tested then
+    waiting = backup_to_verify(verify, last, at("2026-12-01 10:00"), newest, tested=True)
+    assert (waiting.backup, waiting.wake_at) == (None, at("2026-12-06 04:00"))
+    due = backup_to_verify(verify, last, at("2026-12-06 04:00:05"), newest, tested=True)
+    assert (due.backup, due.scheduled_for, due.wake_at) == (
+        "n2",
+        at("2026-12-06 04:00"),
+        at("2026-12-13 04:00"),
+    )
+    # Weeks missed make one test, not many.
+    late = backup_to_verify(verify, last, at("2026-12-30 00:00"), newest, tested=True)
+    assert late.scheduled_for == at("2026-12-27 04:00")
+    # Nothing to test yet: the time is not used up.
+    assert backup_to_verify(verify, last, at("2026-12-06 04:01"), None, tested=False).scheduled_for is None
+    with pytest.raises(ValidationError, match="schedule"):
+        VerifySpec(enabled=True, schedule="61 * * * *")
+
+
+def test_each_scheduled_test_of_one_backup_has_its_own_restore_and_throwaway() -> None:
+    plan = {"name": "demo-nightly-with-a-rather-long-name", "namespace": "apps"}
+    backup = {
+        "metadata": {"name": "demo-nightly-with-a-rather-long-name-20261130-020000", "uid": "abcdef012345"}
+    }
+    once = build_verify_restore(plan, SPEC, backup)
+    again = build_verify_restore(plan, SPEC, backup, at("2026-12-06 04:00"))
+    later = build_verify_restore(plan, SPEC, backup, at("2026-12-13 04:00"))
+    names = {r["metadata"]["name"] for r in (once, again, later)}
+    targets = {r["spec"]["target"]["name"] for r in (once, again, later)}
+    assert len(names) == len(targets) == 3
+    assert all(len(name) <= 63 for name in names)
+    assert all(len(target) <= 40 for target in targets)  # RestoreTarget.name's limit
+    assert again["spec"]["target"]["spec"] == {"instances": 1, "deletionPolicy": "Delete"}
