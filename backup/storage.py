@@ -71,6 +71,10 @@ def explain(error: Exception, bucket: str) -> StorageError:
             return StorageError("BucketNotFound", f"bucket {bucket} does not exist")
         if code in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "403") or status == 403:
             return StorageError("AccessDenied", f"the S3 server refused the credentials: {code}")
+        if code in ("XMinioStorageFull", "InsufficientStorage") or status == 507:
+            return StorageError(
+                "StorageFull", f"the S3 server is out of space: {error.operation_name}: {code}"
+            )
         if code in ("NoSuchKey", "404"):
             return StorageError("ObjectNotFound", f"{error.operation_name}: object not found")
         return StorageError("S3Error", f"{error.operation_name}: {code}: {error}")

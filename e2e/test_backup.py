@@ -6,13 +6,16 @@ credentials, a missing bucket or storage, a tampered object, deletion with its o
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import io
 import json
+import os
 import subprocess
 import tarfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -24,7 +27,7 @@ from lightkube.types import PatchType
 
 from backup.plan import BackupPlanKind
 from backup.resources import BackupKind, BackupStorageKind, RestoreKind
-from e2e.kube import wait_until
+from e2e.kube import REPO, wait_until
 from e2e.operator_process import OperatorProcess
 from e2e.s3 import s3_api, s3_settings
 from e2e.test_postgres import Postgres, create, wait_ready
@@ -640,3 +643,43 @@ def test_restore_tests_on_a_schedule_of_their_own_test_the_newest_backup_again(
     condition = verified(kube.get(Backup, "taken-by-hand", namespace=namespace).to_dict())
     assert condition is not None
     assert condition["status"] == "True"
+
+
+@contextlib.contextmanager
+def small_disk(directory: Path, size: str) -> Iterator[None]:
+    """A tmpfs of `size` over `directory` (its extended attributes, where the S3 server keeps
+    a bucket's settings, carried over): a disk that fills up."""
+    attributes = {name: os.getxattr(directory, name) for name in os.listxattr(directory)}
+    subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size},mode=0755", "tmpfs", str(directory)], check=True
+    )
+    try:
+        for name, value in attributes.items():
+            os.setxattr(directory, name, value)
+        yield
+    finally:
+        subprocess.run(["umount", str(directory)], check=False)
+
+
+def test_a_backup_into_a_full_storage_fails_and_leaves_nothing(
+    kube: Client, namespace: str, operator: OperatorProcess, bucket: str
+) -> None:
+    demo_with_storage(kube, namespace, bucket, "17")
+    noise = "gen_random_uuid()::text || gen_random_uuid()::text || gen_random_uuid()::text"
+    sql(
+        kube,
+        namespace,
+        "demo",
+        f"CREATE TABLE filler AS SELECT g, {noise} AS noise FROM generate_series(1, 600000) g",
+    )
+    with small_disk(REPO / ".testbed" / "s3" / "data" / bucket, "16m"):
+        service = {"kind": "Postgres", "name": "demo"}
+        apply(kube, Backup, namespace, "full", {"service": service, "storage": "s3", "method": "logical"})
+        failed = wait_phase(kube, Backup, namespace, "full", "Failed", timeout=240)
+        assert failed["reason"] in ("StorageFull", "S3Error"), failed
+        assert "UploadPart" in failed["message"] or "out of space" in failed["message"], failed
+        api = s3_api(s3_settings())
+        assert api.list_objects_v2(Bucket=bucket).get("KeyCount", 0) == 0
+        assert not api.list_multipart_uploads(Bucket=bucket).get("Uploads")
+    # Nothing in the instance was touched.
+    assert sql(kube, namespace, "demo", "SELECT count(*) FROM filler") == 600000
