@@ -335,18 +335,19 @@ def test_storage_faults_fail_with_a_clear_reason_and_leave_nothing(
     assert reasons.count("AccessDenied") >= 2, reasons
 
 
+def fill(kube: Client, namespace: str, instance: str, rows: int) -> None:
+    """A table `filler` of incompressible rows (about 100 bytes each), so its dump and upload
+    take their time."""
+    noise = "gen_random_uuid()::text || gen_random_uuid()::text || gen_random_uuid()::text"
+    statement = f"CREATE TABLE filler AS SELECT g, {noise} AS noise FROM generate_series(1, {rows}) g"
+    sql(kube, namespace, instance, statement)
+
+
 def test_a_backup_whose_pod_is_killed_or_whose_instance_goes_down_fails_and_leaves_nothing(
     kube: Client, namespace: str, operator: OperatorProcess, bucket: str
 ) -> None:
     demo_with_storage(kube, namespace, bucket, "17")
-    # Enough data for the dump to take a while; incompressible, so the upload does too.
-    noise = "gen_random_uuid()::text || gen_random_uuid()::text || gen_random_uuid()::text"
-    sql(
-        kube,
-        namespace,
-        "demo",
-        f"CREATE TABLE filler AS SELECT g, {noise} AS noise FROM generate_series(1, 2500000) g",
-    )
+    fill(kube, namespace, "demo", 2500000)  # enough for the dump to take a while
     service = {"kind": "Postgres", "name": "demo"}
     api = s3_api(s3_settings())
 
@@ -665,13 +666,7 @@ def test_a_backup_into_a_full_storage_fails_and_leaves_nothing(
     kube: Client, namespace: str, operator: OperatorProcess, bucket: str
 ) -> None:
     demo_with_storage(kube, namespace, bucket, "17")
-    noise = "gen_random_uuid()::text || gen_random_uuid()::text || gen_random_uuid()::text"
-    sql(
-        kube,
-        namespace,
-        "demo",
-        f"CREATE TABLE filler AS SELECT g, {noise} AS noise FROM generate_series(1, 600000) g",
-    )
+    fill(kube, namespace, "demo", 600000)  # about 40 MB dumped: more than the disk holds
     with small_disk(REPO / ".testbed" / "s3" / "data" / bucket, "16m"):
         service = {"kind": "Postgres", "name": "demo"}
         apply(kube, Backup, namespace, "full", {"service": service, "storage": "s3", "method": "logical"})
