@@ -198,9 +198,9 @@ def backup_to_verify(
     schedule = Schedule.parse(verify.schedule)
     due = last_fire_at_or_before(schedule, last_scheduled, now)
     wake_at = schedule.next_after(due or last_scheduled)
-    if due is None or newest is None:
+    if due is None:
         return VerifyDecision(None, None, wake_at)
-    return VerifyDecision(newest.name, due, wake_at)
+    return VerifyDecision(newest.name if newest else None, due, wake_at)  # the time used up either way
 
 
 def build_verify_restore(
@@ -212,7 +212,7 @@ def build_verify_restore(
     restore_name, target_name = f"{name[:50]}-verify", f"{plan_meta['name'][:24]}-verify-{uid[:6]}"
     if at is not None:
         when = at.strftime("%d%H%M")
-        restore_name = f"{name[:43]}-verify-{when}"
+        restore_name = f"{name[:41]}-verify-{when}"  # its Jobs' names keep the time (job_name)
         target_name = f"{plan_meta['name'][:17]}-verify-{uid[:6]}-{when}"
     check: dict[str, Any] = {"database": spec.verify.database}
     if spec.verify.query:
@@ -432,8 +432,8 @@ class BackupPlanKind(InServiceKind):
                     raise
                 return fields, events, frozenset(refs), now + timedelta(seconds=10)  # the last one still goes
             refs.add(Ref("Restore", restore["metadata"]["name"]))
-            if decision.scheduled_for:
-                fields["lastVerifyScheduleTime"] = iso(decision.scheduled_for)
+        if decision.scheduled_for:
+            fields["lastVerifyScheduleTime"] = iso(decision.scheduled_for)
         return fields, events, frozenset(refs), decision.wake_at
 
     def build_backup(self, plan: dict[str, Any], spec: BackupPlanSpec, name: str) -> dict[str, Any]:

@@ -547,7 +547,7 @@ class RestoreKind(JobKind):
         location_prefix = backup_status["manifest"].rsplit("/", 1)[0]
         target = await get_or_none(client, plugin.resource(), spec.target.name, namespace)
         if target is None:
-            if status.get("createdTarget"):
+            if status.get("createdTarget") or status.get("replacing"):
                 return self.failed(
                     "TargetDeleted", f"{plugin.kind} {spec.target.name} was deleted during the restore"
                 )
@@ -584,6 +584,7 @@ class RestoreKind(JobKind):
             )
         made_by_this = f"{meta['name']}/{meta['uid']}"
         replacing = (target["metadata"].get("annotations") or {}).get(RESTORED_BY) != made_by_this
+        replacing = replacing or bool(status.get("replacing"))
         if replacing:
             refusal = replace_refusal(spec, plugin.kind, method)
             if refusal:
@@ -598,7 +599,7 @@ class RestoreKind(JobKind):
         elif job is not None and state.phase == FAILED:
             failure = (state.reason, state.message)
         if failure and replacing:
-            return await self.roll_back(client, body, plugin, s3, location_prefix, failure)
+            return await self.roll_back(client, body, plugin, target, s3, failure)
         if failure:
             return self.failed(*failure)
         if job is None:
@@ -631,7 +632,7 @@ class RestoreKind(JobKind):
                 False,
                 "Running",
                 f"Job {name} restores Backup {spec.backup} into {plugin.kind} {spec.target.name}",
-                fields={"phase": RUNNING, "job": name, "startedAt": now_iso()},
+                fields={"phase": RUNNING, "job": name, "startedAt": now_iso(), "replacing": replacing},
                 retry_in=3,
             )
         if state.phase == RUNNING:
@@ -660,52 +661,69 @@ class RestoreKind(JobKind):
         client: AsyncClient,
         body: dict[str, Any],
         plugin: ServicePlugin,
+        target: dict[str, Any],
         s3: S3Spec,
-        location_prefix: str,
         failure: tuple[str, str],
     ) -> Outcome:
-        """A replacing restore failed: a Job of its own makes sure the instance holds its own data
-        again (the restore's Job does so itself unless it was killed), then the Restore fails."""
+        """A replacing restore failed: once the instance answers, a Job of its own makes sure it
+        holds its own data again (the restore's Job does so itself unless it was killed), then
+        the Restore fails. The Job decides from what the instance recorded, not from storage."""
         meta, status = body["metadata"], body.get("status") or {}
         spec = RestoreSpec.model_validate(body["spec"])
-        reason, message = (status.get("rollingBack") or {}).get("reason"), None
-        if reason:
-            message = status["rollingBack"]["message"]
-        else:
-            reason, message = failure
-        target = f"{plugin.kind} {spec.target.name}"
+        first = status.get("rollingBack") or {"reason": failure[0], "message": failure[1]}
+        reason, message = first["reason"], first["message"]
+        instance = f"{plugin.kind} {spec.target.name}"
         name = job_name(meta["name"], "rollback")
         job, state, _ = await read_job(client, meta["namespace"], name)
-        if job is None and status.get("rollingBack"):
+        if job is None and status.get("rollbackStarted"):
             return self.failed("RollbackLost", f"{message}; Job {name}, which put the data back, was deleted")
         if job is None:
+            if not ready_condition(target):
+                return Outcome(
+                    False,
+                    "RollingBack",
+                    f"the restore failed ({reason}); {instance}'s data is put back once it is ready",
+                    depends_on=frozenset({Ref(plugin.kind, spec.target.name)}),
+                    retry_in=15,
+                    fields={"phase": RUNNING, "rollingBack": first},
+                )
             request = {
                 "action": "rollback",
                 "driver": plugin.backup_driver,
                 "storage": s3.to_api(),
-                "location": location_prefix,
                 "replace": replace_token(meta["uid"]),
             }
             await self.start_job(client, body, "rollback", request, s3, plugin.backup_env(spec.target.name))
             return Outcome(
                 False,
                 "RollingBack",
-                f"the restore failed ({reason}): Job {name} puts {target}'s own data back",
-                fields={"phase": RUNNING, "rollingBack": {"reason": reason, "message": message}},
+                f"the restore failed ({reason}): Job {name} puts {instance}'s own data back",
+                fields={"phase": RUNNING, "rollingBack": first, "rollbackStarted": True},
                 retry_in=3,
                 events=(EventNote("Warning", reason, message),),
             )
         if state.phase == RUNNING:
-            return Outcome(False, "RollingBack", f"Job {name} puts {target}'s own data back", retry_in=5)
+            return Outcome(False, "RollingBack", f"Job {name} puts {instance}'s own data back", retry_in=5)
         if state.phase == FAILED:
             return self.failed(
                 "RollbackFailed",
-                f"{message}; putting {target}'s data back failed too ({state.message}): what was kept "
+                f"{message}; putting {instance}'s data back failed too ({state.message}): what was kept "
                 f"aside has {replace_token(meta['uid'])} in its name",
             )
-        put_back = ((state.result or {}).get("details") or {}).get("putBack") or []
+        details = (state.result or {}).get("details") or {}
+        if details.get("committed"):
+            # The restore had succeeded; only its Job's report was lost.
+            done = f"Backup {spec.backup} restored into {instance} (found committed after its Job ended)"
+            return Outcome(
+                True,
+                "Completed",
+                done,
+                fields={"phase": COMPLETED, "completedAt": now_iso(), "message": done, "details": details},
+                events=(EventNote("Normal", "Completed", done),),
+            )
+        put_back = details.get("putBack") or []
         back = f" ({', '.join(put_back)} put back)" if put_back else ""
-        return self.failed(reason, f"{message}; {target} holds its own data again{back}")
+        return self.failed(reason, f"{message}; {instance} holds its own data again{back}")
 
     async def ensure_bootstrap_secret(
         self,
@@ -752,7 +770,9 @@ class RestoreKind(JobKind):
             "startedAt": string,
             "completedAt": string,
             "createdTarget": {"type": "boolean"},
+            "replacing": {"type": "boolean"},
             "rollingBack": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
+            "rollbackStarted": {"type": "boolean"},
             "progress": {"type": "object", "nullable": True, "x-kubernetes-preserve-unknown-fields": True},
             "details": {"type": "object", "nullable": True, "x-kubernetes-preserve-unknown-fields": True},
         }

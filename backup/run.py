@@ -56,12 +56,28 @@ def say(kind: str, payload: dict[str, Any]) -> None:
     print(json.dumps({kind: payload}), flush=True)
 
 
-def conclude(payload: dict[str, Any]) -> None:
-    """The outcome, as the last log line and the termination message (at most 4 KiB)."""
+TERMINATION_LIMIT = 4000  # bytes: Kubernetes keeps 4 KiB of a termination message
+
+
+def bounded(payload: dict[str, Any], limit: int = TERMINATION_LIMIT) -> str:
+    """The payload as JSON within `limit` bytes: what does not fit of a result's details is
+    dropped (and said so), never cut mid-way."""
     text = json.dumps(payload)
-    print(text, flush=True)
+    if len(text.encode()) <= limit:
+        return text
+    result = payload.get("result")
+    if isinstance(result, dict):
+        text = json.dumps({"result": {**result, "details": {"truncated": True}}})
+        return text if len(text.encode()) <= limit else json.dumps({"result": {"truncated": True}})
+    error = payload.get("error") or {}
+    return json.dumps({"error": {**error, "message": str(error.get("message", ""))[: limit // 4]}})
+
+
+def conclude(payload: dict[str, Any]) -> None:
+    """The outcome, as the last log line and the termination message."""
+    print(json.dumps(payload), flush=True)
     with contextlib.suppress(OSError):  # not in a pod
-        TERMINATION_LOG.write_text(text[:4000])
+        TERMINATION_LOG.write_text(bounded(payload))
 
 
 class Progress:
@@ -178,18 +194,21 @@ def restore(request: dict[str, Any], client: Any, spec: S3Spec) -> dict[str, Any
                 manifest, request["check"].get("query"), request["check"].get("database")
             )
     except BaseException:
-        if replace:  # the instance's own data back in place before the failure is reported
-            driver.roll_back(manifest, replace)
+        if replace:  # the instance's own data back before the failure is reported
+            try:
+                driver.roll_back(replace)
+            except Exception as error:  # the rollback Job the operator starts tries again
+                say("progress", {"rollbackFailed": str(error)[:500]})
         raise
     if replace:
-        details.update(driver.commit(manifest, replace))
+        details.update(driver.commit(replace))
     return {"bytes": progress.bytes, "objects": len(manifest.objects), "details": details}
 
 
 def roll_back(request: dict[str, Any], client: Any, spec: S3Spec) -> dict[str, Any]:
-    """After a replacing restore's Job failed without putting things back (it was killed)."""
-    manifest = read_manifest(client, spec, request["location"])
-    details = drivers.load(request["driver"]).roll_back(manifest, request["replace"])
+    """After a replacing restore's Job failed, perhaps without putting things back (killed):
+    from what the instance recorded, not from the storage."""
+    details = drivers.load(request["driver"]).roll_back(request["replace"])
     return {"bytes": 0, "objects": 0, "details": details}
 
 

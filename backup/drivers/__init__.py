@@ -41,11 +41,12 @@ class Driver(Protocol):
         holds of the backup's data is set aside first, under names made from the token."""
         ...
 
-    def roll_back(self, manifest: Manifest, replace: str) -> dict[str, Any]:
-        """Undoes a replacing restore that failed: the instance's own data back in place."""
+    def roll_back(self, replace: str) -> dict[str, Any]:
+        """Undoes a replacing restore that failed, from what the instance recorded: its own data
+        back in place; idempotent; {"committed": True} when the restore had succeeded."""
         ...
 
-    def commit(self, manifest: Manifest, replace: str) -> dict[str, Any]:
+    def commit(self, replace: str) -> dict[str, Any]:
         """A replacing restore succeeded: what was set aside goes."""
         ...
 

@@ -20,15 +20,13 @@ import subprocess
 import tarfile
 import tempfile
 import threading
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import psycopg
-from psycopg import sql
 
-from backup.drivers import CheckFailed, Sink, Source, Taken
+from backup.drivers import CheckFailed, Sink, Source, Taken, postgres_replace
 from backup.manifest import Manifest, PhysicalPosition
 from backup.storage import CHUNK
 
@@ -255,12 +253,18 @@ def connect(dbname: str = "postgres") -> psycopg.Connection:
     )
 
 
-def databases() -> list[str]:
+def databases(connectable_only: bool = True) -> list[str]:
+    """The instance's databases, without templates (and without those closed to sessions, such
+    as a replacing restore's set-aside copies, unless asked)."""
+    where = "NOT datistemplate" + (" AND datallowconn" if connectable_only else "")
     with connect() as conn:
-        rows = conn.execute(
-            "SELECT datname FROM pg_database WHERE datallowconn AND NOT datistemplate ORDER BY datname"
-        ).fetchall()
+        rows = conn.execute(f"SELECT datname FROM pg_database WHERE {where} ORDER BY datname").fetchall()
     return [r[0] for r in rows]
+
+
+def roles() -> list[str]:
+    with connect() as conn:
+        return [r[0] for r in conn.execute("SELECT rolname FROM pg_roles WHERE rolname !~ '^pg_'")]
 
 
 def server_version() -> str:
@@ -272,70 +276,6 @@ def system_identifier() -> str:
     """What makes a cluster itself: a physical copy keeps it, a logical one does not."""
     with connect() as conn:
         return str(conn.execute("SELECT system_identifier FROM pg_control_system()").fetchone()[0])
-
-
-STATE_SETTING = "statefleet.restore"  # on the postgres database, while a replacing restore runs
-ASIDE = "__before_"
-
-
-def aside_name(database: str, replace: str) -> str:
-    """Where a replacing restore keeps a database until it succeeded (63 bytes at most)."""
-    suffix = f"{ASIDE}{replace}"
-    head = database.encode()[: 63 - len(suffix.encode())].decode(errors="ignore")
-    return head + suffix
-
-
-def identifiers(*names: str) -> list[sql.Identifier]:
-    return [sql.Identifier(name) for name in names]
-
-
-def all_databases() -> set[str]:
-    """With the ones that take no connections (set aside by a restore)."""
-    with connect() as conn:
-        return {r[0] for r in conn.execute("SELECT datname FROM pg_database WHERE NOT datistemplate")}
-
-
-def restore_state() -> str:
-    with connect() as conn:
-        row = conn.execute(
-            "SELECT s.setconfig FROM pg_db_role_setting s JOIN pg_database d ON d.oid = s.setdatabase"
-            " WHERE d.datname = 'postgres' AND s.setrole = 0"
-        ).fetchone()
-    for item in (row[0] if row else None) or []:
-        key, _, value = item.partition("=")
-        if key == STATE_SETTING:
-            return value
-    return ""
-
-
-def set_aside(names: list[str], replace: str) -> None:
-    """Closes each database to new sessions, ends its sessions and renames it aside; then
-    records that every one was (a database of the backup's name is then the restore's own)."""
-    with connect() as conn:
-        for name in names:
-            conn.execute(sql.SQL("ALTER DATABASE {} ALLOW_CONNECTIONS false").format(sql.Identifier(name)))
-            for attempt in range(20):
-                conn.execute(
-                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-                    " WHERE datname = %s AND pid <> pg_backend_pid()",
-                    (name,),
-                )
-                try:
-                    conn.execute(
-                        sql.SQL("ALTER DATABASE {} RENAME TO {}").format(
-                            *identifiers(name, aside_name(name, replace))
-                        )
-                    )
-                    break
-                except psycopg.errors.ObjectInUse:
-                    if attempt == 19:
-                        raise
-                    time.sleep(0.5)
-        conn.execute(
-            sql.SQL("ALTER DATABASE postgres SET {} TO {}").format(
-                sql.SQL(STATE_SETTING), sql.Literal(f"restoring {replace}")
-            )
-        )
 
 
 def restore_database(name: str, chunks: Iterator[bytes], older: bool, clean: bool) -> None:
@@ -398,76 +338,42 @@ class PostgresDriver:
             raise CommandFailed(
                 f"a {manifest.method} backup is restored by a new instance's first pod, not by a Job"
             )
-        if replace:
-            self.roll_back(manifest, replace)  # what an earlier, killed attempt left
+        if replace and self.roll_back(replace).get("committed"):  # an earlier attempt's
+            raise postgres_replace.ReplaceRefused(f"the restore {replace} already replaced the databases")
         wanted = [d["name"] for d in manifest.details.get("databases", [])]
-        existing = set(databases())
-        clashes = sorted(name for name in wanted if name != "postgres" and name in existing)
-        if clashes and not replace:
+        present = set(databases(connectable_only=False))
+        clashes = sorted(name for name in wanted if name != "postgres" and name in present)
+        globals_sql = b"".join(source("globals.sql")).decode()
+        if replace:
+            postgres_replace.begin(replace, wanted)
+            # The roles the instance has keep their passwords: the applications' Secrets hold them.
+            globals_sql = filter_globals(globals_sql, SYSTEM_ROLES | frozenset(roles()))
+        elif clashes:
             raise CommandFailed(
                 f"the target already has the databases {', '.join(clashes)}: restore into a new instance, "
                 "or set spec.target.replace"
             )
-        if replace:
-            set_aside(clashes, replace)
         output = run_streaming_in(
-            ["psql", "--no-psqlrc", "--quiet", "--dbname", "postgres", "-f", "-"], source("globals.sql")
+            ["psql", "--no-psqlrc", "--quiet", "--dbname", "postgres", "-f", "-"],
+            iter([globals_sql.encode()]),
         )
         role_errors = [line for line in output.splitlines() if "ERROR:" in line]
         older = int(server_version().split(".")[0]) < CLIENT_MAJOR
-        # The postgres database last: restored in one transaction, it is the only one changed in
-        # place, and only once every other database was restored.
+        # The postgres database last, in one transaction, over what it holds: the one restored
+        # in place (a rollback does not undo it).
         for database in sorted(manifest.details.get("databases", []), key=lambda d: d["name"] == "postgres"):
             restore_database(database["name"], source(database["object"]), older, clean=bool(replace))
-        result: dict[str, Any] = {"databases": wanted, "roleErrors": role_errors[:20]}
+        result: dict[str, Any] = {"databases": wanted, "roleErrors": role_errors[:5]}
         if replace:
             result["replaced"] = clashes
-            result["untouched"] = sorted(existing - set(wanted))
+            result["untouched"] = sorted(present - set(wanted))
         return result
 
-    def roll_back(self, manifest: Manifest, replace: str) -> dict[str, Any]:
-        """Puts back what a replacing restore set aside: the databases it restored go, the ones it
-        set aside take their names back. Once it had committed, it finishes instead."""
-        state = restore_state()
-        wanted = [d["name"] for d in manifest.details.get("databases", []) if d["name"] != "postgres"]
-        present = all_databases()
-        if state == f"committing {replace}":
-            return self.commit(manifest, replace)
-        put_back = []
-        with connect() as conn:
-            for name in wanted:
-                aside = aside_name(name, replace)
-                if aside in present:
-                    if name in present:
-                        conn.execute(sql.SQL("DROP DATABASE {} WITH (FORCE)").format(sql.Identifier(name)))
-                    conn.execute(sql.SQL("ALTER DATABASE {} RENAME TO {}").format(*identifiers(aside, name)))
-                    conn.execute(
-                        sql.SQL("ALTER DATABASE {} ALLOW_CONNECTIONS true").format(sql.Identifier(name))
-                    )
-                    put_back.append(name)
-                elif name in present and state == f"restoring {replace}":
-                    # Every database the backup holds had been set aside: this one is the restore's.
-                    conn.execute(sql.SQL("DROP DATABASE {} WITH (FORCE)").format(sql.Identifier(name)))
-            conn.execute(f"ALTER DATABASE postgres RESET {STATE_SETTING}")
-        return {"putBack": put_back}
+    def roll_back(self, replace: str) -> dict[str, Any]:
+        return postgres_replace.roll_back(replace)
 
-    def commit(self, manifest: Manifest, replace: str) -> dict[str, Any]:
-        """The restore succeeded (and its check passed): what was set aside goes."""
-        present = all_databases()
-        dropped = []
-        with connect() as conn:
-            conn.execute(
-                sql.SQL("ALTER DATABASE postgres SET {} TO {}").format(
-                    sql.SQL(STATE_SETTING), sql.Literal(f"committing {replace}")
-                )
-            )
-            for database in manifest.details.get("databases", []):
-                aside = aside_name(database["name"], replace)
-                if aside in present:
-                    conn.execute(sql.SQL("DROP DATABASE {} WITH (FORCE)").format(sql.Identifier(aside)))
-                    dropped.append(aside)
-            conn.execute(f"ALTER DATABASE postgres RESET {STATE_SETTING}")
-        return {"droppedAside": dropped}
+    def commit(self, replace: str) -> dict[str, Any]:
+        return postgres_replace.commit(replace)
 
     def bootstrap_wanted(self) -> str | None:
         """Why this pod must not take a physical backup's data (None: it must): only the first

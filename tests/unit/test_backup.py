@@ -11,13 +11,14 @@ from pydantic import ValidationError
 from backup.drivers.postgres import (
     CommandFailed,
     ScriptFilter,
-    aside_name,
     filter_globals,
     parse_basebackup_log,
 )
+from backup.drivers.postgres_replace import ReplaceState, aside_name, parse_state
 from backup.job import build_job, job_name, job_state, last_progress
 from backup.manifest import Manifest, ManifestObject, location, manifest_key
 from backup.resources import BackupSpec, RestoreSpec, replace_refusal, replace_token, seconds_between
+from backup.run import bounded
 from backup.storage import S3Spec, encryption_args, object_key
 
 pytestmark = pytest.mark.unit
@@ -223,6 +224,28 @@ def test_what_a_replacing_restore_sets_aside_is_named_after_the_restore() -> Non
     longest = aside_name("x" * 63, token)
     assert len(longest.encode()) <= 63
     assert longest.endswith("__before_0a1b2c3d")
+    # Two long names that share their head never meet aside.
+    assert aside_name("a" * 50 + "1", token) != aside_name("a" * 50 + "2", token)
     # A multibyte name is cut between characters, never inside one.
     assert len(aside_name("é" * 40, token).encode()) <= 63
     assert aside_name("é" * 40, token).startswith("é")
+
+
+def test_what_a_replacing_restore_records_reads_back() -> None:
+    state = ReplaceState("0a1b2c3d", "restoring", originals=["shop"], created=["new"])
+    setconfig = ["work_mem=64MB", f"statefleet.restore={state.to_json()}"]
+    assert parse_state(setconfig) == state
+    assert parse_state(["work_mem=64MB"]) is None
+    assert parse_state(None) is None
+    assert parse_state(["statefleet.restore=not json"]) is None
+
+
+def test_a_report_fits_the_termination_message_and_stays_json() -> None:
+    big = {"result": {"bytes": 5, "details": {"rows": {f"db{i}": i for i in range(2000)}}}}
+    text = bounded(big)
+    assert len(text.encode()) <= 4000
+    assert json.loads(text)["result"] == {"bytes": 5, "details": {"truncated": True}}
+    error = {"error": {"reason": "CommandFailed", "message": "x" * 10000}}
+    assert json.loads(bounded(error))["error"]["reason"] == "CommandFailed"
+    small = {"result": {"bytes": 1}}
+    assert json.loads(bounded(small)) == small

@@ -7,6 +7,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from pydantic import ValidationError
 
+from backup.job import job_name
 from backup.plan import BackupPlanSpec, VerifySpec, backup_to_verify, build_verify_restore, plan_backups
 from backup.retention import Candidate, RetentionSpec, to_prune
 from backup.schedule import Schedule, ScheduleError
@@ -178,8 +179,9 @@ def test_on_a_schedule_of_its_own_the_newest_backup_is_tested_again_each_time() 
     # Weeks missed make one test, not many.
     late = backup_to_verify(verify, last, at("2026-12-30 00:00"), newest, tested=True)
     assert late.scheduled_for == at("2026-12-27 04:00")
-    # Nothing to test yet: the time is not used up.
-    assert backup_to_verify(verify, last, at("2026-12-06 04:01"), None, tested=False).scheduled_for is None
+    # Nothing to test at its time: the time is used up all the same (no burst of tests later).
+    empty = backup_to_verify(verify, last, at("2026-12-06 04:01"), None, tested=False)
+    assert (empty.backup, empty.scheduled_for) == (None, at("2026-12-06 04:00"))
     with pytest.raises(ValidationError, match="schedule"):
         VerifySpec(enabled=True, schedule="61 * * * *")
 
@@ -196,5 +198,9 @@ def test_each_scheduled_test_of_one_backup_has_its_own_restore_and_throwaway() -
     targets = {r["spec"]["target"]["name"] for r in (once, again, later)}
     assert len(names) == len(targets) == 3
     assert all(len(name) <= 63 for name in names)
+    # Their Jobs' names (cut to fit a label) stay apart too, down to the minute.
+    half_past = build_verify_restore(plan, SPEC, backup, at("2026-12-13 04:30"))
+    jobs = {job_name(r["metadata"]["name"], "restore") for r in (once, again, later, half_past)}
+    assert len(jobs) == 4
     assert all(len(target) <= 40 for target in targets)  # RestoreTarget.name's limit
     assert again["spec"]["target"]["spec"] == {"instances": 1, "deletionPolicy": "Delete"}
