@@ -20,6 +20,8 @@ from dataclasses import asdict, dataclass, field
 import psycopg
 from psycopg import sql
 
+from backup.drivers.postgres_connection import connect as connect_to
+
 STATE_SETTING = "statefleet.restore"
 LOCK_KEY = 0x53_46_52_53  # "SFRS": the advisory lock a replacing restore holds
 LOCK_WAIT = 600.0  # seconds: an earlier Job of the same restore may still be ending
@@ -67,9 +69,7 @@ def parse_state(setconfig: list[str] | None) -> ReplaceState | None:
 
 
 def connect() -> psycopg.Connection:
-    return psycopg.connect(
-        dbname="postgres", autocommit=True, connect_timeout=10, application_name="statefleet-restore"
-    )
+    return connect_to("postgres", application_name="statefleet-restore")
 
 
 _lock: psycopg.Connection | None = None
