@@ -42,7 +42,14 @@ Restore = RestoreKind.resource()
 BackupPlan = BackupPlanKind.resource()
 
 
-def storage(kube: Client, namespace: str, name: str, bucket: str, secret_key: str | None = None) -> None:
+def storage(
+    kube: Client,
+    namespace: str,
+    name: str,
+    bucket: str,
+    secret_key: str | None = None,
+    endpoint: str | None = None,
+) -> None:
     """The issue's BackupStorage, with the test bed's endpoint and keys in a Secret."""
     settings = s3_settings()
     secret_name = f"{name}-creds"
@@ -57,7 +64,7 @@ def storage(kube: Client, namespace: str, name: str, bucket: str, secret_key: st
         namespace=namespace,
     )
     s3 = {
-        "endpoint": settings["S3_ENDPOINT"],
+        "endpoint": endpoint or settings["S3_ENDPOINT"],
         "bucket": bucket,
         "prefix": "apps",
         "credentialsSecret": secret_name,
@@ -297,6 +304,12 @@ def test_storage_faults_fail_with_a_clear_reason_and_leave_nothing(
     create(kube, namespace, "demo", {"version": "15", "storage": {"size": "1Gi"}})
     storage(kube, namespace, "wrongkeys", bucket, secret_key="not-the-key")
     storage(kube, namespace, "nobucket", f"{bucket}-missing")
+    # The S3 server's address with nothing listening there (the test bed's own bridge).
+    host = s3_settings()["S3_ENDPOINT"].rsplit(":", 1)[0]
+    storage(kube, namespace, "down", bucket, endpoint=f"{host}:9")
+    assert "does not answer" in wait_reason(
+        kube, BackupStorage, namespace, "down", "Unreachable", timeout=120
+    )
     assert "refused the credentials" in wait_reason(
         kube, BackupStorage, namespace, "wrongkeys", "AccessDenied"
     )
@@ -311,6 +324,11 @@ def test_storage_faults_fail_with_a_clear_reason_and_leave_nothing(
     )
     assert wait_phase(kube, Backup, namespace, "keys", "Failed")["reason"] == "AccessDenied"
     assert wait_phase(kube, Backup, namespace, "bucket", "Failed")["reason"] == "BucketNotFound"
+    apply(
+        kube, Backup, namespace, "unreachable", {"service": service, "storage": "down", "method": "logical"}
+    )
+    unreachable = wait_phase(kube, Backup, namespace, "unreachable", "Failed", timeout=240)
+    assert unreachable["reason"] == "Unreachable", unreachable
     unsupported = wait_phase(kube, Backup, namespace, "method", "Failed")
     assert unsupported["reason"] == "UnsupportedMethod"
     assert "spec.method" in unsupported["message"]
