@@ -21,6 +21,7 @@ from lightkube import AsyncClient, codecs
 from lightkube.core.exceptions import ApiError
 from lightkube.resources.batch_v1 import Job
 from lightkube.resources.core_v1 import Pod, Secret
+from lightkube.types import CascadeType
 from pydantic import ConfigDict, Field
 
 from backup.job import DEFAULT_DEADLINE, JobState, build_job, job_name, job_state, last_progress, termination
@@ -385,6 +386,20 @@ class BackupKind(JobKind):
             return Outcome(
                 True, "Retained", "deletionPolicy Retain: the backup's objects stay in the storage"
             )
+        if phase == RUNNING:
+            # Its Job stopped, pod and all, first: an upload still going would leave objects
+            # behind the deletion.
+            meta = body["metadata"]
+            name = job_name(meta["name"], "backup")
+            job, state, _ = await read_job(client, meta["namespace"], name)
+            if job is not None and state.phase == RUNNING:
+                if not (job.get("metadata") or {}).get("deletionTimestamp"):
+                    await client.delete(
+                        Job, name, namespace=meta["namespace"], cascade=CascadeType.FOREGROUND
+                    )
+                return Outcome(
+                    False, "Stopping", f"deleted while it ran: Job {name} is stopped first", retry_in=3
+                )
         try:
             deleted = await self.delete_objects(client, body, spec)
         except StorageError as error:
@@ -489,7 +504,7 @@ class RestoreKind(JobKind):
     kind = "Restore"
     plural = "restores"
     spec_model = RestoreSpec
-    finalizes = False
+    finalizes = True  # a replacing restore deleted while it runs is rolled back before it goes
 
     def failed(self, reason: str, message: str) -> Outcome:
         return Outcome(
@@ -655,6 +670,37 @@ class RestoreKind(JobKind):
             },
             events=(EventNote("Normal", "Completed", message),),
         )
+
+    async def finalize(self, client: AsyncClient, body: dict[str, Any], spec: RestoreSpec) -> Outcome:
+        """Deleted while it replaced an instance's databases: its Job is stopped (and gone, pod
+        and all, so it holds nothing) and the instance gets its own data back before the Restore
+        goes. Any other Restore goes at once."""
+        status = body.get("status") or {}
+        if status.get("phase") != RUNNING or not status.get("replacing"):
+            return Outcome(True, "Finalized", "nothing to undo")
+        meta = body["metadata"]
+        namespace = meta["namespace"]
+        backup = await get_or_none(client, BackupKind.resource(), spec.backup, namespace)
+        plugin = self.plugins.get(spec.target.kind)
+        target = plugin and await get_or_none(client, plugin.resource(), spec.target.name, namespace)
+        if backup is None or plugin is None or target is None:
+            return Outcome(True, "Finalized", "its backup or its target is gone: nothing to put back")
+        restore_job = job_name(meta["name"], "restore")
+        job, state, _ = await read_job(client, namespace, restore_job)
+        if job is not None and state.phase == RUNNING:
+            if not (job.get("metadata") or {}).get("deletionTimestamp"):
+                await client.delete(Job, restore_job, namespace=namespace, cascade=CascadeType.FOREGROUND)
+            return Outcome(
+                False, "Stopping", f"deleted while it ran: Job {restore_job} is stopped first", retry_in=3
+            )
+        s3, _ = await storage_client(client, namespace, BackupSpec.model_validate(backup["spec"]).storage)
+        outcome = await self.roll_back(
+            client, body, plugin, target, s3, ("Deleted", "the Restore was deleted while it ran")
+        )
+        if outcome.reason == "RollingBack":
+            return outcome
+        note = EventNote("Normal" if outcome.ready else "Warning", "Withdrawn", outcome.message)
+        return Outcome(True, "Withdrawn", outcome.message, events=(note,))
 
     async def roll_back(
         self,

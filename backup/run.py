@@ -19,6 +19,7 @@ import hashlib
 import json
 import os
 import resource
+import signal
 import sys
 import time
 from collections.abc import Iterator
@@ -250,7 +251,18 @@ def fail(reason: str, message: str) -> int:
     return 1
 
 
+class Stopped(Exception):
+    """The pod was asked to stop (deleted, its node drained): what is under way is undone."""
+
+
+def stop(signum: int, frame: Any) -> None:
+    raise Stopped("the Job's pod was stopped before it ended")
+
+
 def main() -> int:
+    # As PID 1 of its container the process would ignore SIGTERM and be killed 30 s later, in
+    # the middle of an upload or a restore; this way an upload is aborted, a restore undone.
+    signal.signal(signal.SIGTERM, stop)
     request = json.loads(os.environ["STATEFLEET_BACKUP_REQUEST"])
     spec = S3Spec.model_validate(request["storage"])
     try:

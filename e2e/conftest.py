@@ -11,6 +11,7 @@ from lightkube import Client
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Namespace
 
+from e2e import cert_manager
 from e2e import kube as kube_helpers
 from e2e.operator_process import OperatorProcess
 from e2e.s3 import s3_api, s3_settings
@@ -34,6 +35,7 @@ def namespace(kube: Client, request: pytest.FixtureRequest) -> Iterator[str]:
 @pytest.fixture(scope="session")
 def operator(kube: Client) -> Iterator[OperatorProcess]:
     """The operator, run from this checkout on the host against the cluster, as a developer would."""
+    cert_manager.uninstall()  # left by a killed run, it would take over every new instance's certificates
     process = OperatorProcess.start()
     yield process
     process.stop()

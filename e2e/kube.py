@@ -75,6 +75,15 @@ def get_or_none(kube: Client, resource: Any, name: str, namespace: str) -> Any:
         raise
 
 
+def wait_gone(kube: Client, resource: Any, name: str, namespace: str, timeout: float = 180) -> None:
+    wait_until(
+        f"{resource._api_info.resource.kind} {name} gone",
+        lambda: get_or_none(kube, resource, name, namespace) is None,
+        timeout,
+        interval=1,
+    )
+
+
 def wait_pod_ready(kube: Client, name: str, namespace: str, timeout: float = 120) -> Pod:
     def ready() -> Pod | None:
         pod = get_or_none(kube, Pod, name, namespace)

@@ -49,6 +49,16 @@ def postmaster(pod_uid: str) -> int:
     raise LookupError(f"no postgres server in pod {pod_uid} (processes: {pids})")
 
 
+def kill_command(pod_uid: str, command: list[str]) -> int:
+    """SIGKILL to the pod's process that runs `command` (an out-of-memory kill, a lost node: no
+    chance to clean up, unlike a pod deleted, which gets SIGTERM first)."""
+    for pid in pod_processes(pod_uid):
+        if _command(pid)[: len(command)] == command:
+            os.kill(pid, signal.SIGKILL)
+            return pid
+    raise LookupError(f"no {' '.join(command)} in pod {pod_uid}")
+
+
 def kill_server(pod_uid: str) -> int:
     pid = postmaster(pod_uid)
     os.kill(pid, signal.SIGKILL)

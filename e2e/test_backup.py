@@ -28,7 +28,8 @@ from lightkube.types import PatchType
 from backup.drivers import postgres_replace
 from backup.plan import BackupPlanKind
 from backup.resources import BackupKind, BackupStorageKind, RestoreKind
-from e2e.kube import REPO, wait_until
+from e2e.kube import REPO, wait_gone, wait_until
+from e2e.node import kill_command
 from e2e.operator_process import OperatorProcess
 from e2e.s3 import s3_api, s3_settings
 from e2e.test_postgres import Postgres, create, wait_ready
@@ -389,7 +390,7 @@ def test_a_backup_whose_pod_is_killed_or_whose_instance_goes_down_fails_and_leav
 
     apply(kube, Backup, namespace, "killed", {"service": service, "storage": "s3", "method": "logical"})
     pod = wait_until("the backup uploading", uploading("killed"), timeout=120, interval=0.3)
-    kube.delete(Pod, pod, namespace=namespace, grace_period=0)
+    kill_command(kube.get(Pod, pod, namespace=namespace).metadata.uid, ["python3", "-m", "backup"])
     failed = wait_phase(kube, Backup, namespace, "killed", "Failed")
     assert failed["reason"] == "JobFailed"
     assert "killed or deleted" in failed["message"] or "ended" in failed["message"]
@@ -398,6 +399,13 @@ def test_a_backup_whose_pod_is_killed_or_whose_instance_goes_down_fails_and_leav
         e.reason for e in kube.list(Event, namespace=namespace, fields={"involvedObject.name": "killed"})
     ]
     assert "JobFailed" in events
+
+    # Deleted while it uploads: its Job is stopped first, then everything it wrote goes.
+    apply(kube, Backup, namespace, "withdrawn", {"service": service, "storage": "s3", "method": "logical"})
+    wait_until("the backup uploading", uploading("withdrawn"), timeout=120, interval=0.3)
+    kube.delete(Backup, "withdrawn", namespace=namespace)
+    wait_gone(kube, Backup, "withdrawn", namespace, timeout=180)
+    nothing_left()
 
     # The instance goes down while it is read: the dump fails and says so; the instance comes
     # back with its data.
@@ -595,27 +603,42 @@ def test_a_restore_replaces_an_instances_databases_and_puts_them_back_when_it_fa
     assert sql(kube, namespace, "demo", CHECKSUM, database="shop") == damaged
     nothing_left_over()
 
-    # Its Job killed while the restored data is in place and the instance's own kept aside:
-    # a Job of its own puts that back.
+    # Its Job killed (SIGKILL: no chance to clean up) while the restored data is in place and
+    # the instance's own kept aside: a Job of its own puts that back.
     slow_check = {"query": "SELECT count(*) FROM pg_sleep(300)", "database": "shop"}
     apply(kube, Restore, namespace, "killed", {"backup": "before", "target": target, "check": slow_check})
 
-    def checking() -> str | None:
-        pods = kube.list(Pod, namespace=namespace, labels={"job-name": "killed-restore"})
-        running = [p.metadata.name for p in pods if p.status.phase == "Running"]
-        if running and any('"checking"' in line for line in kube.log(running[0], namespace=namespace)):
-            return running[0]
-        return None
+    def checking(restore: str) -> Callable[[], str | None]:
+        def probe() -> str | None:
+            pods = kube.list(Pod, namespace=namespace, labels={"job-name": f"{restore}-restore"})
+            running = [p.metadata.name for p in pods if p.status.phase == "Running"]
+            if running and any('"checking"' in line for line in kube.log(running[0], namespace=namespace)):
+                return running[0]
+            return None
 
-    pod = wait_until("the restore checking", checking, timeout=240, interval=0.5)
+        return probe
+
+    pod = wait_until("the restore checking", checking("killed"), timeout=240, interval=0.5)
     assert sql(kube, namespace, "demo", ASIDE) == 1
     assert sql(kube, namespace, "demo", CHECKSUM, database="shop") == orders  # the backup's, for now
-    kube.delete(Pod, pod, namespace=namespace, grace_period=0)
+    kill_command(kube.get(Pod, pod, namespace=namespace).metadata.uid, ["python3", "-m", "backup"])
     failed = wait_phase(kube, Restore, namespace, "killed", "Failed", timeout=240)
     assert failed["reason"] == "JobFailed", failed
     assert "(shop put back)" in failed["message"]
     assert sql(kube, namespace, "demo", CHECKSUM, database="shop") == damaged
     nothing_left_over()
+
+    # Deleted while it runs: its Job is stopped and the instance's own data put back before the
+    # Restore goes.
+    apply(kube, Restore, namespace, "withdrawn", {"backup": "before", "target": target, "check": slow_check})
+    wait_until("the restore checking", checking("withdrawn"), timeout=240, interval=0.5)
+    assert sql(kube, namespace, "demo", ASIDE) == 1
+    kube.delete(Restore, "withdrawn", namespace=namespace)
+    wait_gone(kube, Restore, "withdrawn", namespace, timeout=240)
+    assert sql(kube, namespace, "demo", CHECKSUM, database="shop") == damaged
+    nothing_left_over()
+    withdrawn = kube.list(Event, namespace=namespace, fields={"involvedObject.name": "withdrawn"})
+    assert any(e.reason == "Withdrawn" and "holds its own data again" in (e.message or "") for e in withdrawn)
 
     # The restore that succeeds: the backup's data; the database it does not hold, untouched.
     apply(kube, Restore, namespace, "undo-the-deploy", {"backup": "before", "target": target})

@@ -319,6 +319,21 @@ def served_certificate(host: str) -> x509.Certificate:
     return x509.load_der_x509_certificate(der)
 
 
+def verify_full(binding: dict[str, str], address: str, rootcert: Path) -> psycopg.Connection:
+    """As the application with the binding's Secret: the name the certificate must carry is the
+    Service's; the address is its ClusterIP (the host resolves no cluster names)."""
+    return psycopg.connect(
+        host=binding["host"],
+        hostaddr=address,
+        user=binding["username"],
+        password=binding["password"],
+        dbname=binding["database"],
+        sslmode="verify-full",
+        sslrootcert=str(rootcert),
+        connect_timeout=5,
+    )
+
+
 def test_tls_verify_full_with_the_binding_ca_and_a_renewed_certificate(
     kube: Client, namespace: str, operator: OperatorProcess, tmp_path: Path
 ) -> None:
@@ -334,17 +349,7 @@ def test_tls_verify_full_with_the_binding_ca_and_a_renewed_certificate(
     address = kube.get(Service, "demo-rw", namespace=namespace).spec.clusterIP
 
     def verified(rootcert: Path) -> psycopg.Connection:
-        # The name the certificate must carry is the Service's; the address is its ClusterIP.
-        return psycopg.connect(
-            host=data["host"],
-            hostaddr=address,
-            user=data["username"],
-            password=data["password"],
-            dbname=data["database"],
-            sslmode="verify-full",
-            sslrootcert=str(rootcert),
-            connect_timeout=5,
-        )
+        return verify_full(data, address, rootcert)
 
     with verified(root) as conn:
         assert conn.execute("select ssl from pg_stat_ssl where pid = pg_backend_pid()").fetchone() == (True,)

@@ -36,11 +36,19 @@ def about(kind: str, namespace: str, name: str, api_version: str = API_VERSION) 
     return {"k8s_ref": {"apiVersion": api_version, "kind": kind, "namespace": namespace, "name": name}}
 
 
+def not_found(error: Exception) -> bool:
+    """A 404: the object does not exist, or its API is not served (a CRD not installed, which
+    the client raises as a plain HTTP error, with no Status to read)."""
+    if isinstance(error, ApiError):
+        return error.status.code == 404
+    return getattr(getattr(error, "response", None), "status_code", None) == 404
+
+
 async def get_or_none(client: AsyncClient, resource: Any, name: str, namespace: str) -> dict[str, Any] | None:
     try:
         return (await client.get(resource, name, namespace=namespace)).to_dict()
-    except ApiError as error:
-        if error.status.code == 404:
+    except Exception as error:
+        if not_found(error):
             return None
         raise
 

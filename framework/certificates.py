@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
@@ -176,3 +177,91 @@ def service_hosts(names: list[str], namespace: str, pods_of: str | None = None) 
     if pods_of:
         hosts += [f"*.{pods_of}.{namespace}.svc", f"*.{pods_of}.{namespace}.svc.cluster.local"]
     return hosts
+
+
+# --- cert-manager: when its API is served, it issues and renews the same two Secrets --------
+CERT_MANAGER_API = "cert-manager.io/v1"
+CERT_MANAGER_ANNOTATION = "cert-manager.io/certificate-name"  # on every Secret it wrote
+OPERATOR, CERT_MANAGER = "operator", "cert-manager"
+
+
+def choose_tls_provider(tls_status: dict[str, Any], server: dict[str, Any] | None, served: bool) -> str:
+    """Who makes an instance's certificates. Chosen once and kept in status: moving an instance
+    from one CA to another would break the clients that verify with the first."""
+    if tls_status:
+        return str(tls_status.get("provider") or OPERATOR)  # instances from before this choice
+    annotations = ((server or {}).get("metadata") or {}).get("annotations") or {}
+    if server and CERT_MANAGER_ANNOTATION not in annotations:
+        return OPERATOR  # certificates the operator already made
+    return CERT_MANAGER if served else OPERATOR
+
+
+def _certificate(name: str, spec: dict[str, Any]) -> dict[str, Any]:
+    return {"apiVersion": CERT_MANAGER_API, "kind": "Certificate", "metadata": {"name": name}, "spec": spec}
+
+
+def _issuer(name: str, spec: dict[str, Any]) -> dict[str, Any]:
+    return {"apiVersion": CERT_MANAGER_API, "kind": "Issuer", "metadata": {"name": name}, "spec": spec}
+
+
+def _hours(delta: timedelta) -> str:
+    return f"{int(delta.total_seconds() // 3600)}h"
+
+
+def build_cert_manager_resources(name: str, hosts: list[str]) -> list[dict[str, Any]]:
+    """The instance's CA and server certificate as cert-manager objects, with the lifetimes and
+    the Secret names (`<name>-ca`, `<name>-tls`) the operator's own path uses: a self-signed
+    issuer makes the CA, a CA issuer signs the server certificate, whose Secret carries
+    tls.crt, tls.key and ca.crt."""
+    ecdsa = {"algorithm": "ECDSA", "size": 256, "rotationPolicy": "Always"}
+    return [
+        _issuer(f"{name}-selfsigned", {"selfSigned": {}}),
+        _certificate(
+            f"{name}-ca",
+            {
+                "isCA": True,
+                "commonName": "statefleet instance CA",
+                "secretName": f"{name}-ca",
+                "duration": _hours(CA_VALIDITY),
+                "renewBefore": _hours(CA_RENEW_BEFORE),
+                "privateKey": ecdsa,
+                "issuerRef": {"name": f"{name}-selfsigned", "kind": "Issuer", "group": "cert-manager.io"},
+            },
+        ),
+        _issuer(f"{name}-ca", {"ca": {"secretName": f"{name}-ca"}}),
+        _certificate(
+            f"{name}-tls",
+            {
+                "secretName": f"{name}-tls",
+                "commonName": hosts[0][:64],
+                "dnsNames": hosts,
+                "duration": _hours(SERVER_VALIDITY),
+                "renewBefore": _hours(SERVER_RENEW_BEFORE),
+                "privateKey": ecdsa,
+                "usages": ["server auth", "digital signature"],
+                "issuerRef": {"name": f"{name}-ca", "kind": "Issuer", "group": "cert-manager.io"},
+            },
+        ),
+    ]
+
+
+def read_issued(server: dict[str, str] | None) -> datetime | None:
+    """When the server certificate in a Secret's data expires; None: none there (yet)."""
+    try:
+        return (
+            _first_cert(server["tls.crt"]).not_valid_after_utc if server and server.get("tls.crt") else None
+        )
+    except ValueError:
+        return None
+
+
+def certificate_not_ready(certificate: dict[str, Any] | None) -> str:
+    """cert-manager's own words when it has not issued a Certificate; empty when it has."""
+    if certificate is None:
+        return "its Certificate is not there yet"
+    for condition in (certificate.get("status") or {}).get("conditions") or []:
+        if condition.get("type") == "Ready":
+            if condition.get("status") == "True":
+                return ""
+            return f"{condition.get('reason', '')}: {condition.get('message', '')}".strip(": ")
+    return "cert-manager has not looked at its Certificate yet"

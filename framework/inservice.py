@@ -218,6 +218,8 @@ class InServiceController:
                 outcome = await kind.finalize(self.client, body, spec)
                 if outcome.ready:
                     log.info("%s", outcome.message, extra=self._describe(key))
+                    for note in outcome.events:  # what the deletion did, said before it goes
+                        await post_event(self.client, kind_name, body, note)
                     await self._remove_finalizer(key, finalizers)
                     return None
             else:

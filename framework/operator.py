@@ -18,14 +18,16 @@ from typing import Any
 import kopf
 from lightkube import AsyncClient, codecs
 from lightkube.core.exceptions import ApiError
+from lightkube.generic_resource import create_namespaced_resource
 from lightkube.resources.apps_v1 import StatefulSet
 from lightkube.resources.core_v1 import ConfigMap, Pod, Secret, Service
 from lightkube.resources.policy_v1 import PodDisruptionBudget
 from lightkube.types import PatchType
 
 from framework import metrics
-from framework.api import about, get_or_none, post_event
+from framework.api import about, get_or_none, not_found, post_event
 from framework.catalog import Catalog
+from framework.certificates import CERT_MANAGER, choose_tls_provider
 from framework.crd import GROUP, VERSION
 from framework.plugin import (
     LABEL_INSTANCE,
@@ -34,6 +36,7 @@ from framework.plugin import (
     MANAGER,
     TLS_CA,
     TLS_SERVER,
+    EventNote,
     Inspection,
     Observed,
     ServicePlugin,
@@ -43,6 +46,9 @@ from framework.reconcile import Plan, plan, status_changed, status_patch
 from framework.rollout.controller import Rollout, RolloutController
 
 log = logging.getLogger("statefleet")
+
+Certificate = create_namespaced_resource("cert-manager.io", "v1", "Certificate", "certificates")
+Issuer = create_namespaced_resource("cert-manager.io", "v1", "Issuer", "issuers")  # codecs read it
 
 CHILD_RESOURCES = {
     "ConfigMap": ConfigMap,
@@ -82,6 +88,18 @@ class Operator:
         self._inspect_basis: dict[tuple[str, str, str], Observed] = {}  # what the next one asks with
         self._inspectors = asyncio.Semaphore(32)
 
+    async def cert_manager_served(self, namespace: str) -> bool:
+        """Whether cert-manager's API is served. Asked only for instances whose certificates
+        have no provider yet, so once per new instance, not on every pass."""
+        try:
+            async for _ in self.client.list(Certificate, namespace=namespace, chunk_size=1):
+                break
+            return True
+        except Exception as error:
+            if not not_found(error):
+                log.warning("cannot tell whether cert-manager is installed: %s", error)
+            return False
+
     # --- observe ------------------------------------------------------------------------
     async def observe(self, plugin: ServicePlugin, body: dict[str, Any], thorough: bool) -> Observed:
         """The resource's children, as the watches last delivered them (no request).
@@ -105,7 +123,7 @@ class Operator:
         if plugin.tls_hosts(name, namespace):
             # Read on resyncs (a certificate is renewed weeks before it expires), and until the
             # status shows them made (an instance from before TLS gets them at once).
-            issued = bool((body.get("status") or {}).get("tls"))
+            issued = bool(((body.get("status") or {}).get("tls") or {}).get("notAfter"))
             for suffix in (TLS_CA, TLS_SERVER):
                 if not thorough and applied_before and issued:
                     secrets[suffix] = {}
@@ -113,6 +131,14 @@ class Operator:
                 secret = await get_or_none(self.client, Secret, f"{name}-{suffix}", namespace)
                 if secret is not None:
                     secrets[suffix] = secret
+        tls_status = (body.get("status") or {}).get("tls") or {}
+        cert_manager, certificate = False, None
+        if plugin.tls_hosts(name, namespace):
+            # Asked only while the instance has no provider yet: once chosen, it is kept.
+            cert_manager = not tls_status and await self.cert_manager_served(namespace)
+            server = secrets.get(TLS_SERVER)
+            if server != {} and choose_tls_provider(tls_status, server, cert_manager) == CERT_MANAGER:
+                certificate = await get_or_none(self.client, Certificate, f"{name}-{TLS_SERVER}", namespace)
         return Observed(
             name=name,
             namespace=namespace,
@@ -124,6 +150,8 @@ class Operator:
             secrets=secrets,
             inspection=self._inspections.get((plugin.service, namespace, name)),
             clock=asyncio.get_running_loop().time(),
+            cert_manager=cert_manager,
+            certificate=certificate,
         )
 
     # --- act --------------------------------------------------------------------------------
@@ -155,6 +183,7 @@ class Operator:
         for action in planned.operations.actions:
             log.info("%s", action, extra=about(plugin.kind, observed.namespace, observed.name))
             await plugin.perform(self.client, observed, action)
+        await self._apply_tls_resources(plugin, body, planned)
         if status_changed(observed.status, planned.status):
             written = await self.client.patch(
                 plugin.resource().Status,
@@ -168,6 +197,19 @@ class Operator:
             )
         for note in planned.events:
             await post_event(self.client, plugin.kind, body, note)
+
+    async def _apply_tls_resources(self, plugin: ServicePlugin, body: dict[str, Any], planned: Plan) -> None:
+        """After the service's own actions: cert-manager refusing (or gone) must not stop a failover."""
+        try:
+            for resource in planned.tls_resources:
+                await self.client.apply(codecs.from_dict(resource), field_manager=MANAGER, force=True)
+        except Exception as error:  # refused, or cert-manager's API no longer served
+            planned.status.get("tls", {}).pop("resourcesHash", None)  # so the next pass tries again
+            reason = error.status.message if isinstance(error, ApiError) else str(error).splitlines()[0]
+            message = f"cert-manager's objects could not be applied: {reason}"
+            await post_event(
+                self.client, plugin.kind, body, EventNote("Warning", "CertificateFailed", message)
+            )
 
     async def _prune(self, plugin: ServicePlugin, observed: Observed, children: list[dict[str, Any]]) -> None:
         wanted = {(c["kind"], c["metadata"]["name"]) for c in children}

@@ -92,6 +92,8 @@ class Observed:
     secrets: dict[str, dict[str, Any]] = field(default_factory=dict)  # by suffix
     inspection: Inspection | None = None  # the servers' last answers, None before the first
     clock: float = 0.0  # the event loop's clock when observed (to age `inspection`)
+    cert_manager: bool = False  # cert-manager's API is served in the cluster
+    certificate: dict[str, Any] | None = None  # the server Certificate, when cert-manager makes it
 
 
 @dataclass(frozen=True)
@@ -229,6 +231,10 @@ class ServicePlugin:
                 "version": {"type": "string"},
                 "image": {"type": "string"},
                 "childrenHash": {"type": "string", "description": "what the operator last applied"},
+                "toolsImage": {
+                    "type": "string",
+                    "description": "the operator image its init containers run, kept from its creation",
+                },
                 "conditions": conditions.SCHEMA,
                 "tls": {
                     "type": "object",
@@ -237,6 +243,18 @@ class ServicePlugin:
                         "secret": {"type": "string"},
                         "notAfter": {"type": "string"},
                         "issuedAtSeconds": {"type": "number"},
+                        "provider": {
+                            "type": "string",
+                            "description": "operator or cert-manager, chosen once",
+                        },
+                        "resourcesHash": {
+                            "type": "string",
+                            "description": "cert-manager objects last applied",
+                        },
+                        "waiting": {
+                            "type": "string",
+                            "description": "why cert-manager has not issued it yet",
+                        },
                     },
                 },
                 **self.status_properties(),

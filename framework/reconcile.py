@@ -20,7 +20,14 @@ from pydantic import ValidationError
 
 from framework import conditions
 from framework.catalog import Catalog, ResolvedVersion, VersionRefused, resolve
-from framework.certificates import plan_tls
+from framework.certificates import (
+    CERT_MANAGER,
+    build_cert_manager_resources,
+    certificate_not_ready,
+    choose_tls_provider,
+    plan_tls,
+    read_issued,
+)
 from framework.conditions import Condition
 from framework.plugin import TLS_CA, TLS_SERVER, EventNote, Observed, Operations, ServicePlugin, ServiceStatus
 from framework.render import render_children
@@ -37,6 +44,7 @@ class Plan:
     events: list[EventNote] = field(default_factory=list)
     apply: bool = True  # False: leave the children exactly as they are (pods are still labelled)
     operations: Operations = field(default_factory=Operations)  # inside the service: labels, actions
+    tls_resources: list[dict[str, Any]] = field(default_factory=list)  # cert-manager's objects
 
 
 def describe_validation_error(error: ValidationError) -> str:
@@ -147,6 +155,9 @@ def plan(
         if secret.suffix not in observed.secrets
     ]
     tls = plan_instance_tls(plugin, observed, labels, owner, now)
+    # The image an instance was made with stays its own: an operator upgrade must not roll
+    # every instance whose init containers run our code.
+    tools_image = observed.status.get("toolsImage") or tools_image
     context = {
         "name": observed.name,
         "namespace": observed.namespace,
@@ -169,6 +180,8 @@ def plan(
     rendered = children_hash(children)
     status = _status(observed, version, reading)
     status["childrenHash"] = rendered
+    if tools_image:
+        status["toolsImage"] = tools_image
     if tls.status:
         status["tls"] = tls.status
     unchanged = observed.status.get("childrenHash") == rendered and observed.statefulset is not None
@@ -180,6 +193,7 @@ def plan(
         secrets_to_apply=tls.secrets,
         events=_transition_events(observed, version, reading) + operations.events + tls.events,
         operations=operations,
+        tls_resources=tls.resources,
     )
 
 
@@ -188,6 +202,7 @@ class InstanceTls:
     secrets: list[dict[str, Any]] = field(default_factory=list)
     status: dict[str, Any] = field(default_factory=dict)
     events: list[EventNote] = field(default_factory=list)
+    resources: list[dict[str, Any]] = field(default_factory=list)  # cert-manager's, to apply
 
 
 def plan_instance_tls(
@@ -196,7 +211,12 @@ def plan_instance_tls(
     """The CA and server certificate Secrets to (re)write, when they were read and need it."""
     hosts = plugin.tls_hosts(observed.name, observed.namespace)
     ca, server = observed.secrets.get(TLS_CA), observed.secrets.get(TLS_SERVER)
-    if not hosts or (ca == {} and server == {}):  # not read on this pass
+    if not hosts:
+        return InstanceTls()
+    tls_status = observed.status.get("tls") or {}
+    if choose_tls_provider(tls_status, server, observed.cert_manager) == CERT_MANAGER:
+        return plan_cert_manager_tls(observed, hosts, labels, owner, now)
+    if ca == {} and server == {}:  # not read on this pass
         return InstanceTls()
     result = InstanceTls()
     try:
@@ -224,6 +244,7 @@ def plan_instance_tls(
         **(observed.status.get("tls") or {}),
         "notAfter": not_after,
         "secret": f"{observed.name}-tls",
+        "provider": "operator",
     }
     if planned.server:
         result.status["issuedAtSeconds"] = now
@@ -232,6 +253,49 @@ def plan_instance_tls(
                 "Normal",
                 "CertificateIssued",
                 f"{planned.reason}: a server certificate valid until {not_after}",
+            )
+        )
+    return result
+
+
+def plan_cert_manager_tls(
+    observed: Observed, hosts: list[str], labels: dict[str, str], owner: dict[str, Any], now: float
+) -> InstanceTls:
+    """cert-manager issues and renews the Secrets; the operator keeps its objects applied, owns
+    the Secrets it wrote (so they go with the instance), and notes each new certificate so the
+    servers reload it (`status.tls.issuedAtSeconds`)."""
+    name, namespace = observed.name, observed.namespace
+    resources = [decorate(r, labels, owner, namespace) for r in build_cert_manager_resources(name, hosts)]
+    digest = children_hash(resources)
+    previous = observed.status.get("tls") or {}
+    status = {**previous, "provider": CERT_MANAGER, "secret": f"{name}-tls", "resourcesHash": digest}
+    result = InstanceTls(status=status)
+    server = observed.secrets.get(TLS_SERVER)
+    read = server != {}  # {}: not read on this pass (steady state between resyncs)
+    if previous.get("resourcesHash") != digest or (read and observed.certificate is None):
+        result.resources = resources
+    if not read:
+        return result
+    for suffix in (TLS_CA, TLS_SERVER):
+        secret = observed.secrets.get(suffix)
+        owners = ((secret or {}).get("metadata") or {}).get("ownerReferences") or []
+        if secret and not any(o.get("uid") == owner["uid"] for o in owners):
+            adopted = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": f"{name}-{suffix}"}}
+            result.secrets.append(decorate(adopted, labels, owner, namespace))
+    not_after = read_issued(_decoded(server))
+    if not_after is None:
+        waiting = f"cert-manager has not issued {name}-tls: {certificate_not_ready(observed.certificate)}"
+        if previous.get("waiting") != waiting:
+            result.events.append(EventNote("Warning", "CertificatePending", waiting))
+        status.update(waiting=waiting, notAfter=None)
+        return result
+    stamp = not_after.strftime("%Y-%m-%dT%H:%M:%SZ")
+    status.pop("waiting", None)
+    if previous.get("notAfter") != stamp:
+        status.update(notAfter=stamp, issuedAtSeconds=now)
+        result.events.append(
+            EventNote(
+                "Normal", "CertificateIssued", f"cert-manager issued a server certificate valid until {stamp}"
             )
         )
     return result

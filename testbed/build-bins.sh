@@ -69,6 +69,20 @@ CGO_ENABLED=0 build_once "$S3_BIN" "$TESTBED_SRC/gomod/s3" \
   "$GO_LDFLAGS_BASE -X main.Version=v$S3_VERSION" \
   github.com/versity/versitygw/cmd/versitygw
 
+# cert-manager's controllers under a main of ours (gomod/certmanager/main.go), with the
+# CRDs its module publishes; e2e installs both only for the cert-manager test.
+copy_cert_manager_crds() {
+  local module
+  module=$(cd "$TESTBED_SRC/gomod/certmanager" && go mod download -json github.com/cert-manager/cert-manager |
+    python3 -c 'import json, sys; print(json.load(sys.stdin)["Dir"])')
+  mkdir -p "$CERT_MANAGER_BIN/crds"
+  cp "$module"/deploy/crds/cert-manager.io_*.yaml "$module"/deploy/crds/acme.cert-manager.io_*.yaml \
+    "$CERT_MANAGER_BIN/crds/"
+}
+PREPARE=copy_cert_manager_crds RECIPE_EXTRA=$TESTBED_SRC/gomod/certmanager/main.go \
+  CGO_ENABLED=0 build_once "$CERT_MANAGER_BIN" "$TESTBED_SRC/gomod/certmanager" "$GO_LDFLAGS_BASE" .
+
 mkdir -p "$TB/bin"
 ln -sfn "$KUBE_BIN/kubectl" "$KUBECTL"
 ln -sfn "$HELM_BIN/helm" "$HELM"
+ln -sfn "$CERT_MANAGER_BIN" "$TB/bin/cert-manager"

@@ -90,12 +90,20 @@ def hold_lock() -> None:
     _lock = conn
 
 
+STATE_QUERY = (
+    "SELECT s.setconfig FROM pg_db_role_setting s JOIN pg_database d ON d.oid = s.setdatabase"
+    " WHERE d.datname = 'postgres' AND s.setrole = 0"
+)
+
+
 def read_state(conn: psycopg.Connection) -> ReplaceState | None:
-    row = conn.execute(
-        "SELECT s.setconfig FROM pg_db_role_setting s JOIN pg_database d ON d.oid = s.setdatabase"
-        " WHERE d.datname = 'postgres' AND s.setrole = 0"
-    ).fetchone()
+    row = conn.execute(STATE_QUERY).fetchone()
     return parse_state(row[0] if row else None)
+
+
+def under_way(state: ReplaceState | None) -> bool:
+    """A replacing restore holds the instance's databases (some may be aside, under other names)."""
+    return state is not None and state.phase in (RESTORING, COMMITTING)
 
 
 def write_state(conn: psycopg.Connection, state: ReplaceState) -> None:

@@ -28,6 +28,7 @@ from lightkube.resources.core_v1 import Pod, Secret
 from psycopg import AsyncConnection, sql
 from pydantic import ConfigDict, Field
 
+from backup.drivers import postgres_replace
 from framework.api import get_or_none
 from framework.inservice import InServiceKind, Outcome, Ref
 from framework.plugin import LABEL_MANAGED_BY, LABEL_PART_OF, MANAGER
@@ -402,6 +403,21 @@ class PostgresUserKind(InServiceKind):
             planned = plan_role(wanted, found, database_found, grantable)
             if planned.refusal:
                 return Outcome(False, "Refused", planned.refusal, depends_on=depends)
+            if planned.database_statements:
+                # A replacing restore may have this database aside: making another would make
+                # the restore fail (and roll back). It is made, if still missing, once it ends.
+                row = await (await connection.execute(postgres_replace.STATE_QUERY)).fetchone()
+                restore = postgres_replace.parse_state(row[0] if row else None)
+                if postgres_replace.under_way(restore):
+                    assert restore is not None
+                    return Outcome(
+                        False,
+                        "RestoreInProgress",
+                        f"a restore ({restore.token}) is replacing the databases of Postgres "
+                        f"{spec.instance}: database {database} is made, if still missing, once it ends",
+                        depends_on=depends,
+                        retry_in=15,
+                    )
             async with connection.transaction():  # a role is made with its mark, or not at all
                 for statement in planned.statements:
                     await connection.execute(statement)

@@ -14,7 +14,7 @@ from backup.drivers.postgres import (
     filter_globals,
     parse_basebackup_log,
 )
-from backup.drivers.postgres_replace import ReplaceState, aside_name, parse_state
+from backup.drivers.postgres_replace import ReplaceState, aside_name, parse_state, under_way
 from backup.job import build_job, job_name, job_state, last_progress
 from backup.manifest import Manifest, ManifestObject, location, manifest_key
 from backup.resources import BackupSpec, RestoreSpec, replace_refusal, replace_token, seconds_between
@@ -238,6 +238,11 @@ def test_what_a_replacing_restore_records_reads_back() -> None:
     assert parse_state(["work_mem=64MB"]) is None
     assert parse_state(None) is None
     assert parse_state(["statefleet.restore=not json"]) is None
+    # Users' databases wait while a restore holds the instance, not after it ended.
+    assert under_way(state)
+    assert under_way(ReplaceState("0a1b2c3d", "committing"))
+    assert not under_way(ReplaceState("0a1b2c3d", "committed"))
+    assert not under_way(None)
 
 
 def test_a_report_fits_the_termination_message_and_stays_json() -> None:

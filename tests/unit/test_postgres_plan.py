@@ -341,6 +341,12 @@ def test_an_instance_made_from_a_backup_fetches_it_before_its_server_starts() ->
         "key": "request",
     }
     assert {m["mountPath"] for m in init["volumeMounts"]} == {"/var/lib/postgresql/data", "/etc/statefleet"}
+    # An operator upgrade (another image of its own) leaves the instance's pods as they are.
+    upgraded = plan(
+        PLUGIN, observed(spec, status=planned.status), CATALOG, "uid-1", tools_image="statefleet/operator:def"
+    )
+    assert upgraded.status["childrenHash"] == planned.status["childrenHash"]
+    assert upgraded.status["toolsImage"] == "statefleet/operator:abc"
     plain = plan(PLUGIN, observed({"version": "15", "storage": {"size": "1Gi"}}), CATALOG, "uid-1")
     assert (
         "initContainers"
@@ -355,3 +361,122 @@ def test_a_physical_backup_starts_only_its_own_major_version() -> None:
     with pytest.raises(ValueError, match="version 17"):
         PLUGIN.restored_spec({"version": "17"}, "15.14", "physical")
     assert PLUGIN.restored_spec({"version": "17"}, "15.14", "logical") == {"version": "17"}
+
+
+def cert_manager_secret(not_after_days: int, owners: list[dict] | None = None) -> dict:
+    """A Secret as cert-manager writes it: annotated, with a certificate for the instance."""
+    from datetime import UTC, datetime, timedelta
+
+    from framework.certificates import plan_tls
+
+    issued = plan_tls(None, None, ["demo-rw"], datetime.now(UTC) - timedelta(days=90 - not_after_days))
+    assert issued.server is not None
+    return {
+        "metadata": {
+            "name": "demo-tls",
+            "annotations": {"cert-manager.io/certificate-name": "demo-tls"},
+            "ownerReferences": owners or [],
+        },
+        "data": {k: base64.b64encode(v.encode()).decode() for k, v in issued.server.items()},
+    }
+
+
+def test_with_cert_manager_served_a_new_instance_gets_its_certificates_from_it() -> None:
+    spec = {"instances": 2, "storage": {"size": "1Gi"}}
+    first = plan(PLUGIN, observed(spec, cert_manager=True), CATALOG, "uid")
+    assert first.secrets_to_apply == []  # the operator makes no certificate of its own
+    objects = {(r["kind"], r["metadata"]["name"]): r for r in first.tls_resources}
+    assert list(objects) == [
+        ("Issuer", "demo-selfsigned"),
+        ("Certificate", "demo-ca"),
+        ("Issuer", "demo-ca"),
+        ("Certificate", "demo-tls"),
+    ]
+    server = objects[("Certificate", "demo-tls")]["spec"]
+    assert server["secretName"] == "demo-tls"  # what the pods mount and bindings read
+    assert "demo-rw.apps.svc" in server["dnsNames"]
+    assert "*.demo.apps.svc" in server["dnsNames"]
+    assert server["issuerRef"]["name"] == "demo-ca"
+    assert objects[("Certificate", "demo-ca")]["spec"]["isCA"] is True
+    assert all(r["metadata"]["ownerReferences"][0]["uid"] == "uid" for r in first.tls_resources)
+    tls = first.status["tls"]
+    assert tls["provider"] == "cert-manager"
+    assert "demo-tls" in tls["waiting"]
+    assert "not there yet" in tls["waiting"]
+    assert [e.reason for e in first.events if e.reason.startswith("Certificate")] == ["CertificatePending"]
+
+    # Issued: the Secret is adopted, the certificate noted (the servers reload it), once.
+    certificate = {"status": {"conditions": [{"type": "Ready", "status": "True"}]}}
+    secrets = {"tls": cert_manager_secret(89)}
+    second = plan(
+        PLUGIN, observed(spec, status=first.status, secrets=secrets, certificate=certificate), CATALOG, "uid"
+    )
+    assert second.tls_resources == []  # applied, unchanged, and there
+    assert [s["metadata"]["name"] for s in second.secrets_to_apply] == ["demo-tls"]
+    assert second.secrets_to_apply[0]["metadata"]["ownerReferences"][0]["uid"] == "uid"
+    assert "waiting" not in second.status["tls"]
+    assert second.status["tls"]["issuedAtSeconds"] == 0.0
+    assert [e.reason for e in second.events if e.reason.startswith("Certificate")] == ["CertificateIssued"]
+    owned = {"tls": cert_manager_secret(89, owners=[{"uid": "uid"}])}
+    third = plan(
+        PLUGIN, observed(spec, status=second.status, secrets=owned, certificate=certificate), CATALOG, "uid"
+    )
+    assert third.secrets_to_apply == []
+    assert not [e for e in third.events if e.reason.startswith("Cert")]
+    assert not status_changed(second.status, third.status)
+
+
+def test_cert_manager_failing_is_said_in_status_and_a_renewal_is_noticed() -> None:
+    spec = {"instances": 1, "storage": {"size": "1Gi"}}
+    failing = {
+        "status": {
+            "conditions": [
+                {
+                    "type": "Ready",
+                    "status": "False",
+                    "reason": "Failed",
+                    "message": "issuer demo-ca not ready",
+                }
+            ]
+        }
+    }
+    first = plan(PLUGIN, observed(spec, cert_manager=True, certificate=failing), CATALOG, "uid")
+    assert (
+        first.status["tls"]["waiting"]
+        == "cert-manager has not issued demo-tls: Failed: issuer demo-ca not ready"
+    )
+    issued = plan(
+        PLUGIN, observed(spec, status=first.status, secrets={"tls": cert_manager_secret(30)}), CATALOG, "uid"
+    )
+    renewed = plan(
+        PLUGIN,
+        observed(spec, status=issued.status, secrets={"tls": cert_manager_secret(89)}),
+        CATALOG,
+        "uid",
+        now=500.0,
+    )
+    assert renewed.status["tls"]["notAfter"] > issued.status["tls"]["notAfter"]
+    assert renewed.status["tls"]["issuedAtSeconds"] == 500.0  # the servers reload the new one
+
+
+def test_the_provider_is_chosen_once_and_kept() -> None:
+    from framework.certificates import choose_tls_provider
+
+    operator_made = {"metadata": {"name": "demo-tls"}, "data": {}}
+    assert choose_tls_provider({}, None, served=True) == "cert-manager"
+    assert choose_tls_provider({}, None, served=False) == "operator"
+    # Certificates the operator made before cert-manager came stay the operator's.
+    assert choose_tls_provider({}, operator_made, served=True) == "operator"
+    assert choose_tls_provider({"notAfter": "x"}, None, served=True) == "operator"  # from before the choice
+    assert choose_tls_provider({"provider": "cert-manager"}, None, served=False) == "cert-manager"
+    # An operator-made instance stays so when cert-manager is installed later.
+    made = plan(PLUGIN, observed({"instances": 1, "storage": {"size": "1Gi"}}), CATALOG, "uid")
+    assert made.status["tls"]["provider"] == "operator"
+    again = plan(
+        PLUGIN,
+        observed({"instances": 1, "storage": {"size": "1Gi"}}, status=made.status, cert_manager=True),
+        CATALOG,
+        "uid",
+    )
+    assert again.tls_resources == []
+    assert again.status["tls"]["provider"] == "operator"
