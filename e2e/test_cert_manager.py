@@ -51,7 +51,15 @@ def test_cert_manager_issues_and_renews_the_instance_certificates(
         server = kube.get(Secret, "demo-tls", namespace=namespace)
         assert server.metadata.annotations["cert-manager.io/certificate-name"] == "demo-tls"
         ca_pem = base64.b64decode(kube.get(Secret, "demo-ca", namespace=namespace).data["tls.crt"])
-        served = served_certificate(kube.get(Service, "demo-rw", namespace=namespace).spec.clusterIP)
+        address = kube.get(Service, "demo-rw", namespace=namespace).spec.clusterIP
+
+        def presented() -> x509.Certificate | None:
+            try:
+                return served_certificate(address)
+            except ConnectionRefusedError:  # kube-proxy follows a pod just Ready within seconds
+                return None
+
+        served = wait_until("demo-rw answering", presented, timeout=30, interval=0.5)
         served.verify_directly_issued_by(x509.load_pem_x509_certificate(ca_pem))
         wait_until(
             "the Secrets owned by the instance",
@@ -79,7 +87,6 @@ def test_cert_manager_issues_and_renews_the_instance_certificates(
         assert data["ca.crt"].encode().strip() == ca_pem.strip()
         root = tmp_path / "ca.crt"
         root.write_text(data["ca.crt"])
-        address = kube.get(Service, "demo-rw", namespace=namespace).spec.clusterIP
 
         with verify_full(data, address, root) as conn:
             assert conn.execute("select ssl from pg_stat_ssl where pid = pg_backend_pid()").fetchone() == (
