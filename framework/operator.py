@@ -120,10 +120,12 @@ class Operator:
             secret = await get_or_none(self.client, Secret, generated.name(name), namespace)
             if secret is not None:
                 secrets[generated.suffix] = secret
+        tls_status = (body.get("status") or {}).get("tls") or {}
+        cert_manager, certificate = False, None
         if plugin.tls_hosts(name, namespace):
             # Read on resyncs (a certificate is renewed weeks before it expires), and until the
-            # status shows them made (an instance from before TLS gets them at once).
-            issued = bool(((body.get("status") or {}).get("tls") or {}).get("notAfter"))
+            # status shows one issued (an instance from before TLS gets them at once).
+            issued = bool(tls_status.get("notAfter"))
             for suffix in (TLS_CA, TLS_SERVER):
                 if not thorough and applied_before and issued:
                     secrets[suffix] = {}
@@ -131,9 +133,6 @@ class Operator:
                 secret = await get_or_none(self.client, Secret, f"{name}-{suffix}", namespace)
                 if secret is not None:
                     secrets[suffix] = secret
-        tls_status = (body.get("status") or {}).get("tls") or {}
-        cert_manager, certificate = False, None
-        if plugin.tls_hosts(name, namespace):
             # Asked only while the instance has no provider yet: once chosen, it is kept.
             cert_manager = not tls_status and await self.cert_manager_served(namespace)
             server = secrets.get(TLS_SERVER)

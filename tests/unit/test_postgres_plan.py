@@ -2,12 +2,14 @@
 
 import base64
 import subprocess
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from framework.catalog import Catalog
+from framework.certificates import choose_tls_provider, plan_tls
 from framework.crd import CHART_CRDS_DIR, CRDS_DIR, HEADER, render_all
 from framework.plugin import Observed
 from framework.reconcile import plan, status_changed
@@ -365,10 +367,6 @@ def test_a_physical_backup_starts_only_its_own_major_version() -> None:
 
 def cert_manager_secret(not_after_days: int, owners: list[dict] | None = None) -> dict:
     """A Secret as cert-manager writes it: annotated, with a certificate for the instance."""
-    from datetime import UTC, datetime, timedelta
-
-    from framework.certificates import plan_tls
-
     issued = plan_tls(None, None, ["demo-rw"], datetime.now(UTC) - timedelta(days=90 - not_after_days))
     assert issued.server is not None
     return {
@@ -460,8 +458,6 @@ def test_cert_manager_failing_is_said_in_status_and_a_renewal_is_noticed() -> No
 
 
 def test_the_provider_is_chosen_once_and_kept() -> None:
-    from framework.certificates import choose_tls_provider
-
     operator_made = {"metadata": {"name": "demo-tls"}, "data": {}}
     assert choose_tls_provider({}, None, served=True) == "cert-manager"
     assert choose_tls_provider({}, None, served=False) == "operator"
