@@ -21,9 +21,10 @@ from lightkube import AsyncClient, codecs
 from lightkube.core.exceptions import ApiError
 from lightkube.resources.batch_v1 import Job
 from lightkube.resources.core_v1 import Pod, Secret
-from lightkube.types import CascadeType
+from lightkube.types import CascadeType, PatchType
 from pydantic import ConfigDict, Field
 
+from backup import in_place
 from backup.job import DEFAULT_DEADLINE, JobState, build_job, job_name, job_state, last_progress, termination
 from backup.manifest import location, manifest_key
 from backup.storage import CREDENTIAL_KEYS, S3Spec, StorageError, delete_prefix, explain, s3_client
@@ -73,9 +74,11 @@ class RestoreTarget(ApiModel):
     )
     replace: bool = Field(
         default=False,
-        description="Restore a logical backup into this existing instance: the databases the backup "
-        "holds are replaced, the instance's own kept aside until the restore (and its check) succeeded "
-        "and put back otherwise. Sessions on those databases are ended.",
+        description="Restore into this existing instance. A logical backup replaces the databases it "
+        "holds, online (sessions on them are ended); a physical one replaces the whole cluster: the "
+        "instance stops, its primary's data is kept aside and the backup put in its place, the other "
+        "pods clone it. Either way the instance's own data is kept until the restore and its check "
+        "succeeded, and put back otherwise.",
     )
 
 
@@ -481,19 +484,21 @@ def replace_token(uid: str) -> str:
     return uid.replace("-", "")[:8]
 
 
-def replace_refusal(spec: RestoreSpec, kind: str, method: str) -> tuple[str, str] | None:
+def replace_refusal(
+    spec: RestoreSpec, kind: str, method: str, in_place_served: bool = False
+) -> tuple[str, str] | None:
     """Why a Restore must not go into its existing target, or None when it may."""
     if not spec.target.replace:
         return (
             "TargetExists",
             f"spec.target.name: {kind} {spec.target.name} exists: restore into a new instance, or set "
-            "spec.target.replace to replace its databases with the backup's",
+            "spec.target.replace to replace its data with the backup's",
         )
-    if method != "logical":
+    if method != "logical" and not in_place_served:
         return (
             "ReplaceRefused",
-            f"spec.target.replace: a {method} backup becomes a new instance's data; restore it into a "
-            "new instance, or restore a logical backup in place",
+            f"spec.target.replace: a {method} backup of a {kind} becomes a new instance's data; restore "
+            "it into a new instance, or restore a logical backup in place",
         )
     if spec.target.spec:
         return ("ReplaceRefused", "spec.target.spec: applies to a new instance, not with spec.target.replace")
@@ -513,6 +518,16 @@ class RestoreKind(JobKind):
             message,
             fields={"phase": FAILED, "reason": reason, "message": message, "completedAt": now_iso()},
             events=(EventNote("Warning", reason, message),),
+        )
+
+    def completed(self, message: str, details: dict[str, Any] | None = None) -> Outcome:
+        fields = {"phase": COMPLETED, "completedAt": now_iso(), "message": message, "progress": None}
+        return Outcome(
+            True,
+            "Completed",
+            message,
+            fields={**fields, "details": details} if details is not None else fields,
+            events=(EventNote("Normal", "Completed", message),),
         )
 
     async def reconcile(self, client: AsyncClient, body: dict[str, Any], spec: RestoreSpec) -> Outcome:
@@ -601,9 +616,11 @@ class RestoreKind(JobKind):
         replacing = (target["metadata"].get("annotations") or {}).get(RESTORED_BY) != made_by_this
         replacing = replacing or bool(status.get("replacing"))
         if replacing:
-            refusal = replace_refusal(spec, plugin.kind, method)
+            refusal = replace_refusal(spec, plugin.kind, method, plugin.restores_in_place)
             if refusal:
                 return self.failed(*refusal)
+            if method != "logical":
+                return await self.restore_in_place(client, body, spec, plugin, target, s3, location_prefix)
         else:
             await self.ensure_bootstrap_secret(client, target, s3, plugin, location_prefix)
         name = job_name(meta["name"], "restore")
@@ -657,19 +674,7 @@ class RestoreKind(JobKind):
         result = state.result or {}
         restored = result.get("bytes", 0)
         message = f"Backup {spec.backup} restored into {plugin.kind} {spec.target.name}: {restored} bytes"
-        return Outcome(
-            True,
-            "Completed",
-            message,
-            fields={
-                "phase": COMPLETED,
-                "completedAt": now_iso(),
-                "message": message,
-                "progress": None,
-                "details": result.get("details"),
-            },
-            events=(EventNote("Normal", "Completed", message),),
-        )
+        return self.completed(message, result.get("details"))
 
     async def finalize(self, client: AsyncClient, body: dict[str, Any], spec: RestoreSpec) -> Outcome:
         """Deleted while it replaced an instance's databases: its Job is stopped (and gone, pod
@@ -683,7 +688,7 @@ class RestoreKind(JobKind):
         backup = await get_or_none(client, BackupKind.resource(), spec.backup, namespace)
         plugin = self.plugins.get(spec.target.kind)
         target = plugin and await get_or_none(client, plugin.resource(), spec.target.name, namespace)
-        if backup is None or plugin is None or target is None:
+        if plugin is None or target is None or (backup is None and not status.get("inPlace")):
             return Outcome(True, "Finalized", "its backup or its target is gone: nothing to put back")
         restore_job = job_name(meta["name"], "restore")
         job, state, _ = await read_job(client, namespace, restore_job)
@@ -693,10 +698,12 @@ class RestoreKind(JobKind):
             return Outcome(
                 False, "Stopping", f"deleted while it ran: Job {restore_job} is stopped first", retry_in=3
             )
-        s3, _ = await storage_client(client, namespace, BackupSpec.model_validate(backup["spec"]).storage)
-        outcome = await self.roll_back(
-            client, body, plugin, target, s3, ("Deleted", "the Restore was deleted while it ran")
-        )
+        deleted = ("Deleted", "the Restore was deleted while it ran")
+        if status.get("inPlace"):
+            outcome = await self.roll_back_in_place(client, body, plugin, target, deleted)
+        else:
+            s3, _ = await storage_client(client, namespace, BackupSpec.model_validate(backup["spec"]).storage)
+            outcome = await self.roll_back(client, body, plugin, target, s3, deleted)
         if outcome.reason == "RollingBack":
             return outcome
         note = EventNote("Normal" if outcome.ready else "Warning", "Withdrawn", outcome.message)
@@ -760,16 +767,183 @@ class RestoreKind(JobKind):
         if details.get("committed"):
             # The restore had succeeded; only its Job's report was lost.
             done = f"Backup {spec.backup} restored into {instance} (found committed after its Job ended)"
-            return Outcome(
-                True,
-                "Completed",
-                done,
-                fields={"phase": COMPLETED, "completedAt": now_iso(), "message": done, "details": details},
-                events=(EventNote("Normal", "Completed", done),),
-            )
+            return self.completed(done, details)
         put_back = details.get("putBack") or []
         back = f" ({', '.join(put_back)} put back)" if put_back else ""
         return self.failed(reason, f"{message}; {instance} holds its own data again{back}")
+
+    async def restore_in_place(
+        self,
+        client: AsyncClient,
+        body: dict[str, Any],
+        spec: RestoreSpec,
+        plugin: ServicePlugin,
+        target: dict[str, Any],
+        s3: S3Spec,
+        location_prefix: str,
+    ) -> Outcome:
+        """A physical backup over the running target (`backup.in_place`): the instance is asked
+        to stop and take it (status.inPlace: restore), a Job checks it and drops what was kept
+        aside (check), and on any failure the instance is asked to put its data back (rollback)."""
+        meta, status = body["metadata"], body.get("status") or {}
+        token = replace_token(meta["uid"])
+        instance = f"{plugin.kind} {spec.target.name}"
+        record = (target.get("status") or {}).get(in_place.STATUS_FIELD) or {}
+        ours = record if record.get("token") == token else {}
+        waiting = frozenset({Ref(plugin.kind, spec.target.name)})
+        step = status.get("inPlace")
+        if step is None:
+            if in_place.under_way(record) and not ours:
+                return Outcome(
+                    False,
+                    "TargetBusy",
+                    f"{instance} is being restored by Restore {record.get('restore')}",
+                    depends_on=waiting,
+                    retry_in=15,
+                    fields={"phase": PENDING},
+                )
+            if not ready_condition(target):
+                return Outcome(
+                    False,
+                    "TargetNotReady",
+                    f"{instance} is not ready yet",
+                    depends_on=waiting,
+                    retry_in=15,
+                    fields={"phase": PENDING},
+                )
+            await self.ensure_bootstrap_secret(client, target, s3, plugin, location_prefix, replace=token)
+            await self.ask(client, plugin, target, in_place.request(token, meta["name"], in_place.RESTORE))
+            message = (
+                f"{instance} stops; its primary's data is kept aside (…before-{token}) and Backup "
+                f"{spec.backup} put in its place, its other pods clone it"
+            )
+            return Outcome(
+                False,
+                "Stopping",
+                message,
+                depends_on=waiting,
+                retry_in=10,
+                fields={"phase": RUNNING, "startedAt": now_iso(), "replacing": True, "inPlace": "restore"},
+                events=(EventNote("Normal", "RestoringInPlace", message),),
+            )
+        if step == "rollback":
+            return await self.roll_back_in_place(client, body, plugin, target, None)
+        if step == "restore":
+            if ours.get("phase") == in_place.FAILED:
+                failure = (ours.get("reason") or "RestoreFailed", ours.get("message") or "the restore failed")
+                return await self.roll_back_in_place(client, body, plugin, target, failure)
+            if ours.get("phase") != in_place.RESTORED or not ready_condition(target):
+                phase = ours.get("phase") or in_place.STOPPING
+                return Outcome(
+                    False,
+                    phase,
+                    f"{instance}: {ours.get('message') or 'asked to stop'}",
+                    depends_on=waiting,
+                    retry_in=15,
+                    fields={"progress": {"instance": phase}},
+                )
+            request = {
+                "action": "check",
+                "driver": plugin.backup_driver,
+                "storage": s3.to_api(),
+                "location": location_prefix,
+                "replace": token,
+                "check": (spec.check or RestoreCheck()).to_api(),
+            }
+            await self.start_job(client, body, "restore", request, s3, plugin.backup_env(spec.target.name))
+            name = job_name(meta["name"], "restore")
+            return Outcome(
+                False,
+                "Checking",
+                f"{instance} holds Backup {spec.backup}: Job {name} checks it",
+                fields={"inPlace": "check", "job": name, "progress": None},
+                retry_in=3,
+            )
+        name = job_name(meta["name"], "restore")
+        job, state, _ = await read_job(client, meta["namespace"], name)
+        if job is None:
+            return await self.roll_back_in_place(
+                client, body, plugin, target, ("JobLost", f"Job {name} was deleted before it ended")
+            )
+        if state.phase == RUNNING:
+            return Outcome(False, "Checking", f"Job {name} checks {instance}", retry_in=5)
+        if state.phase == FAILED:
+            return await self.roll_back_in_place(client, body, plugin, target, (state.reason, state.message))
+        await self.ask(client, plugin, target, None)
+        result = state.result or {}
+        message = f"Backup {spec.backup} restored over {instance}, checked; what it held before is removed"
+        return self.completed(message, result.get("details"))
+
+    async def roll_back_in_place(
+        self,
+        client: AsyncClient,
+        body: dict[str, Any],
+        plugin: ServicePlugin,
+        target: dict[str, Any],
+        failure: tuple[str, str] | None,
+    ) -> Outcome:
+        """The restore in place failed (or was withdrawn): the instance is asked to stop again
+        and put its own data back; the Restore fails once it has."""
+        meta, status = body["metadata"], body.get("status") or {}
+        spec = RestoreSpec.model_validate(body["spec"])
+        token = replace_token(meta["uid"])
+        instance = f"{plugin.kind} {spec.target.name}"
+        given = {"reason": failure[0], "message": failure[1]} if failure else {}
+        first = status.get("rollingBack") or given
+        reason, message = first.get("reason", "Failed"), first.get("message", "the restore failed")
+        record = (target.get("status") or {}).get(in_place.STATUS_FIELD) or {}
+        ours = record if record.get("token") == token else {}
+        if status.get("inPlace") != "rollback":
+            await self.ask(client, plugin, target, in_place.request(token, meta["name"], in_place.ROLLBACK))
+            note = f"{message}: {instance} stops again and gets its own data back"
+            return Outcome(
+                False,
+                "RollingBack",
+                note,
+                depends_on=frozenset({Ref(plugin.kind, spec.target.name)}),
+                retry_in=10,
+                fields={"phase": RUNNING, "inPlace": "rollback", "rollingBack": first, "progress": None},
+                events=(EventNote("Warning", reason, note),),
+            )
+        if not ours:  # asked on an earlier pass, and the instance never started this restore
+            await self.ask(client, plugin, target, None)
+            return self.failed(reason, f"{message}; {instance} was not changed")
+        phase = ours.get("phase") if ours.get("mode") == in_place.ROLLBACK else None
+        if phase == in_place.COMMITTED:
+            await self.ask(client, plugin, target, None)
+            done = f"Backup {spec.backup} restored over {instance} (found committed after its check ended)"
+            return self.completed(done)
+        if phase == in_place.ROLLED_BACK:
+            await self.ask(client, plugin, target, None)
+            return self.failed(reason, f"{message}; {instance} holds its own data again")
+        if phase == in_place.FAILED:
+            return self.failed(
+                "RollbackFailed",
+                f"{message}; putting {instance}'s data back failed too ({ours.get('message')}): it is kept "
+                f"aside under a name with {token} in it",
+            )
+        return Outcome(
+            False,
+            "RollingBack",
+            f"{instance}: {ours.get('message') or 'asked to put its data back'}",
+            depends_on=frozenset({Ref(plugin.kind, spec.target.name)}),
+            retry_in=15,
+        )
+
+    async def ask(
+        self, client: AsyncClient, plugin: ServicePlugin, target: dict[str, Any], request: str | None
+    ) -> None:
+        """Sets (or, with None, removes) the in-place restore request on the instance."""
+        meta = target["metadata"]
+        if (meta.get("annotations") or {}).get(in_place.ANNOTATION) == request:
+            return
+        await client.patch(
+            plugin.resource(),
+            meta["name"],
+            {"metadata": {"annotations": {in_place.ANNOTATION: request}}},
+            namespace=meta["namespace"],
+            patch_type=PatchType.MERGE,
+        )
 
     async def ensure_bootstrap_secret(
         self,
@@ -778,12 +952,15 @@ class RestoreKind(JobKind):
         s3: S3Spec,
         plugin: ServicePlugin,
         location_prefix: str,
+        replace: str | None = None,
     ) -> None:
-        """What the new instance's first pod reads to fetch a physical backup: the request and the
-        storage's keys, in a Secret owned by the instance (its pods wait until it exists)."""
+        """What an instance's pods read to fetch a physical backup: the request and the storage's
+        keys, in a Secret owned by the instance. A new instance's pods wait until it exists; a
+        restore in place (`replace`, its token) writes its own request over an earlier one."""
         meta = target["metadata"]
         name = f"{meta['name']}-{BOOTSTRAP_SECRET}"
-        if await get_or_none(client, Secret, name, meta["namespace"]) is not None:
+        existing = await get_or_none(client, Secret, name, meta["namespace"])
+        if existing is not None and replace is None:
             return
         storage_secret = await get_or_none(client, Secret, s3.credentials_secret, meta["namespace"])
         keys = decoded(storage_secret or {})
@@ -793,6 +970,8 @@ class RestoreKind(JobKind):
             "storage": s3.to_api(),
             "location": location_prefix,
         }
+        if replace:
+            request["replace"] = replace
         secret = {
             "apiVersion": "v1",
             "kind": "Secret",
@@ -804,7 +983,12 @@ class RestoreKind(JobKind):
             },
             "stringData": {"request": json.dumps(request), **{k: keys.get(k, "") for k in CREDENTIAL_KEYS}},
         }
-        await client.create(codecs.from_dict(secret))
+        if existing is None:
+            await client.create(codecs.from_dict(secret))
+        else:
+            await client.patch(
+                Secret, name, {"stringData": secret["stringData"]}, namespace=meta["namespace"]
+            )
 
     def status_properties(self) -> dict[str, Any]:
         string = {"type": "string"}
@@ -819,6 +1003,11 @@ class RestoreKind(JobKind):
             "replacing": {"type": "boolean"},
             "rollingBack": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
             "rollbackStarted": {"type": "boolean"},
+            "inPlace": {
+                "type": "string",
+                "enum": ["restore", "check", "rollback"],
+                "description": "a physical backup restored over the instance: the step it is at",
+            },
             "progress": {"type": "object", "nullable": True, "x-kubernetes-preserve-unknown-fields": True},
             "details": {"type": "object", "nullable": True, "x-kubernetes-preserve-unknown-fields": True},
         }

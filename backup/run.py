@@ -176,15 +176,7 @@ def checked_chunks(client: Any, spec: S3Spec, entry: ManifestObject, progress: P
 
 def restore(request: dict[str, Any], client: Any, spec: S3Spec) -> dict[str, Any]:
     manifest = read_manifest(client, spec, request["location"])
-    objects = {o.name: o for o in manifest.objects}
-    for entry in manifest.objects:  # every object checked before anything is applied
-        verify(client, spec, entry.key, entry.sha256, entry.size)
-        say("progress", {"verified": entry.name})
-    progress = Progress()
-
-    def source(name: str) -> Iterator[bytes]:
-        return checked_chunks(client, spec, objects[name], progress)
-
+    source = verified_source(client, spec, manifest)  # before anything is applied
     driver = drivers.load(request["driver"])
     replace = request.get("replace")
     try:
@@ -203,7 +195,7 @@ def restore(request: dict[str, Any], client: Any, spec: S3Spec) -> dict[str, Any
         raise
     if replace:
         details.update(driver.commit(replace))
-    return {"bytes": progress.bytes, "objects": len(manifest.objects), "details": details}
+    return {"bytes": manifest.size, "objects": len(manifest.objects), "details": details}
 
 
 def roll_back(request: dict[str, Any], client: Any, spec: S3Spec) -> dict[str, Any]:
@@ -217,27 +209,50 @@ def check(request: dict[str, Any], client: Any, spec: S3Spec) -> dict[str, Any]:
     """An instance that started from a physical backup: is it that backup, does it read well."""
     manifest = read_manifest(client, spec, request["location"])
     wanted = request.get("check") or {}
-    details = {
-        "check": drivers.load(request["driver"]).check(manifest, wanted.get("query"), wanted.get("database"))
-    }
+    driver = drivers.load(request["driver"])
+    details = {"check": driver.check(manifest, wanted.get("query"), wanted.get("database"))}
+    if request.get("replace"):  # restored in place: what was kept aside goes once checked
+        details.update(driver.commit_in_place(request["replace"]))
     return {"bytes": 0, "objects": len(manifest.objects), "details": details}
+
+
+def verified_source(client: Any, spec: S3Spec, manifest: Manifest) -> drivers.Source:
+    """The backup's objects' bytes (checked again as they stream), once every object the
+    manifest lists was read and matched its sha256."""
+    objects = {o.name: o for o in manifest.objects}
+    for entry in manifest.objects:
+        verify(client, spec, entry.key, entry.sha256, entry.size)
+        say("progress", {"verified": entry.name})
+    progress = Progress()
+    return lambda name: checked_chunks(client, spec, objects[name], progress)
 
 
 def bootstrap(request: dict[str, Any], client: Any, spec: S3Spec) -> dict[str, Any]:
     """In a new instance's first pod (an init container): a physical backup becomes its data."""
     driver = drivers.load(request["driver"])
+    token = os.environ.get("RESTORE_TOKEN")
+    if token:  # a physical backup restored over a running instance (`backup.in_place`)
+
+        def fetch() -> tuple[Manifest, drivers.Source]:
+            if request.get("replace") != token:
+                raise StorageError(
+                    "RequestMismatch",
+                    f"the instance's bootstrap Secret asks for restore {request.get('replace')}, "
+                    f"the pod for {token}",
+                )
+            manifest = read_manifest(client, spec, request["location"])
+            if manifest.method != "physical":
+                raise StorageError("NotPhysical", f"a {manifest.method} backup is not restored by a pod")
+            return manifest, verified_source(client, spec, manifest)
+
+        return driver.replace_in_place(os.environ["RESTORE_MODE"], token, fetch)
     why_not = driver.bootstrap_wanted()
     if why_not:
         return {"skipped": why_not}
     manifest = read_manifest(client, spec, request["location"])
     if manifest.method != "physical":
         return {"skipped": f"a {manifest.method} backup is restored once the instance runs"}
-    objects = {o.name: o for o in manifest.objects}
-    for entry in manifest.objects:
-        verify(client, spec, entry.key, entry.sha256, entry.size)
-        say("progress", {"verified": entry.name})
-    progress = Progress()
-    return driver.bootstrap(manifest, lambda name: checked_chunks(client, spec, objects[name], progress))
+    return driver.bootstrap(manifest, verified_source(client, spec, manifest))
 
 
 def peak_memory() -> dict[str, int]:

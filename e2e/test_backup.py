@@ -655,13 +655,87 @@ def test_a_restore_replaces_an_instances_databases_and_puts_them_back_when_it_fa
     owner = "SELECT pg_get_userbyid(datdba) FROM pg_database WHERE datname = 'shop'"
     assert sql(kube, namespace, "demo", owner) == "shop_owner"
 
-    # A physical backup is refused in place: nothing is touched.
+
+VOLUME = "SELECT coalesce(string_agg(f, ',' ORDER BY f), '') FROM pg_ls_dir('/var/lib/postgresql/data') f"
+IDENTIFIER = "SELECT system_identifier::text FROM pg_control_system()"
+STANDBYS = "SELECT count(*) FROM pg_stat_replication WHERE state = 'streaming'"
+
+
+def test_a_physical_backup_replaces_a_running_instance_and_is_undone_when_it_fails(
+    kube: Client, namespace: str, operator: OperatorProcess, bucket: str
+) -> None:
+    storage(kube, namespace, "s3", bucket)
+    create(kube, namespace, "demo", {"version": "17", "instances": 2, "storage": {"size": "2Gi"}})
+    wait_ready(kube, namespace, "demo", 2)
+    orders, _ = seed(kube, namespace, "demo")
+    service = {"kind": "Postgres", "name": "demo"}
     apply(kube, Backup, namespace, "base", {"service": service, "storage": "s3", "method": "physical"})
     wait_phase(kube, Backup, namespace, "base", "Completed")
-    apply(kube, Restore, namespace, "physical", {"backup": "base", "target": target})
-    refused = wait_phase(kube, Restore, namespace, "physical", "Failed")
-    assert refused["reason"] == "ReplaceRefused"
-    assert refused["message"].startswith("spec.target.replace:")
+    identifier = sql(kube, namespace, "demo", IDENTIFIER)
+    # After the backup, a bad deploy deletes rows and adds a table.
+    sql(kube, namespace, "demo", "DELETE FROM orders WHERE id % 2 = 0", database="shop")
+    sql(kube, namespace, "demo", "CREATE TABLE after_backup (id int)")
+    damaged = sql(kube, namespace, "demo", CHECKSUM, database="shop")
+    target = {"kind": "Postgres", "name": "demo", "replace": True}
+    primary = kube.get(Postgres, "demo", namespace=namespace).to_dict()["status"]["currentPrimary"]
+
+    def holds_its_own_data() -> None:
+        """What it held before, served by both pods again, with nothing left aside."""
+        wait_ready(kube, namespace, "demo", 2, timeout=300)
+        assert sql(kube, namespace, "demo", CHECKSUM, database="shop") == damaged
+        assert sql(kube, namespace, "demo", "SELECT count(*) FROM pg_tables WHERE tablename = 'after_backup'")
+        assert "before-" not in sql(kube, namespace, "demo", VOLUME)
+        wait_until("the standby streams", lambda: sql(kube, namespace, "demo", STANDBYS) == 1, timeout=120)
+
+    # Its check fails: the instance stops again and gets its own data back.
+    failing = {"backup": "base", "target": target, "check": {"query": "SELECT false", "database": "shop"}}
+    apply(kube, Restore, namespace, "failing", failing)
+    failed = wait_phase(kube, Restore, namespace, "failing", "Failed", timeout=600)
+    assert failed["reason"] == "CheckFailed", failed
+    assert "Postgres demo holds its own data again" in failed["message"]
+    record = kube.get(Postgres, "demo", namespace=namespace).to_dict()["status"]["inPlaceRestore"]
+    assert (record["mode"], record["phase"], record["pod"]) == ("rollback", "RolledBack", primary)
+    holds_its_own_data()
+
+    # A corrupted backup: the pod checks every object before it moves anything.
+    apply(kube, Backup, namespace, "spoilt", {"service": service, "storage": "s3", "method": "physical"})
+    spoilt = wait_phase(kube, Backup, namespace, "spoilt", "Completed")
+    api = s3_api(s3_settings())
+    manifest = json.loads(api.get_object(Bucket=bucket, Key=spoilt["manifest"])["Body"].read())
+    (base,) = manifest["objects"]
+    data = bytearray(api.get_object(Bucket=bucket, Key=base["key"])["Body"].read())
+    data[len(data) // 2] ^= 0xFF
+    api.put_object(Bucket=bucket, Key=base["key"], Body=bytes(data))
+    apply(kube, Restore, namespace, "corrupted", {"backup": "spoilt", "target": target})
+    failed = wait_phase(kube, Restore, namespace, "corrupted", "Failed", timeout=600)
+    assert failed["reason"] == "ChecksumMismatch", failed
+    assert base["key"] in failed["message"]
+    holds_its_own_data()
+
+    # The restore that succeeds: the backup's cluster and data, served by both pods (the
+    # standby cloned the restored primary), nothing left aside once checked.
+    apply(kube, Restore, namespace, "undo-the-deploy", {"backup": "base", "target": target})
+    done = wait_phase(kube, Restore, namespace, "undo-the-deploy", "Completed", timeout=600)
+    assert done["details"]["check"]["systemIdentifier"] == identifier
+    assert done["details"]["committed"] is True
+    wait_ready(kube, namespace, "demo", 2, timeout=300)
+    assert sql(kube, namespace, "demo", CHECKSUM, database="shop") == orders
+    assert not sql(kube, namespace, "demo", "SELECT count(*) FROM pg_tables WHERE tablename = 'after_backup'")
+    volume = sql(kube, namespace, "demo", VOLUME)
+    assert "before-" not in volume
+    assert "statefleet-restore-" in volume
+    wait_until("the standby streams", lambda: sql(kube, namespace, "demo", STANDBYS) == 1, timeout=120)
+    events = kube.list(Event, namespace=namespace, fields={"involvedObject.name": "demo"})
+    reasons = {e.reason for e in events}
+    assert {"RestoreStopping", "RestoreStarted", "RestoreRollingBack", "RestoreRolledBack"} <= reasons
+    # The annotation is gone; a restart of every pod keeps the restored data (done once per token).
+    annotations = kube.get(Postgres, "demo", namespace=namespace).metadata.annotations or {}
+    assert "statefleet.dev/restore-in-place" not in annotations
+    for pod in kube.list(Pod, namespace=namespace, labels={"app.kubernetes.io/instance": "demo"}):
+        kube.delete(Pod, pod.metadata.name, namespace=namespace)
+    time.sleep(5)
+    wait_ready(kube, namespace, "demo", 2, timeout=300)
+    assert sql(kube, namespace, "demo", CHECKSUM, database="shop") == orders
 
 
 def test_restore_tests_on_a_schedule_of_their_own_test_the_newest_backup_again(

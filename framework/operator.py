@@ -144,6 +144,7 @@ class Operator:
             generation=body["metadata"].get("generation", 0),
             spec=dict(body.get("spec") or {}),
             status=dict(body.get("status") or {}),
+            annotations=dict(body["metadata"].get("annotations") or {}),
             statefulset=statefulset,
             pods=sorted(pods, key=lambda p: p["metadata"]["name"]),
             secrets=secrets,

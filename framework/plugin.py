@@ -87,6 +87,7 @@ class Observed:
     generation: int
     spec: dict[str, Any]
     status: dict[str, Any]
+    annotations: dict[str, str] = field(default_factory=dict)  # the resource's own
     statefulset: dict[str, Any] | None = None
     pods: list[dict[str, Any]] = field(default_factory=list)
     secrets: dict[str, dict[str, Any]] = field(default_factory=dict)  # by suffix
@@ -154,6 +155,9 @@ class ServicePlugin:
     # service has none; its methods, the default first.
     backup_driver: ClassVar[str | None] = None
     backup_methods: ClassVar[tuple[str, ...]] = ()
+    # A physical backup restored over a running instance (`backup.in_place`): the plugin
+    # stops the instance, takes the backup in an init container and answers in status.
+    restores_in_place: ClassVar[bool] = False
 
     def backup_env(self, name: str) -> list[dict[str, Any]]:
         """The environment (container `env` entries) with which a backup or restore Job reaches

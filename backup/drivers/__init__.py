@@ -65,6 +65,19 @@ class Driver(Protocol):
         """Puts a physical backup in place of the pod's empty data."""
         ...
 
+    def replace_in_place(
+        self, mode: str, token: str, fetch: Callable[[], tuple[Manifest, Source]]
+    ) -> dict[str, Any]:
+        """In a pod of a stopped instance, before its server starts (`backup.in_place`): with
+        mode restore, the pod that was the primary keeps its data aside and takes the backup
+        (`fetch` checks every object first), the others drop their copies; with mode rollback,
+        the data kept aside goes back. Idempotent per token."""
+        ...
+
+    def commit_in_place(self, token: str) -> dict[str, Any]:
+        """The check of a physical restore in place passed: what was kept aside goes."""
+        ...
+
 
 class CheckFailed(Exception):
     pass

@@ -26,7 +26,7 @@ from typing import Any
 
 import psycopg
 
-from backup.drivers import CheckFailed, Sink, Source, Taken, postgres_replace
+from backup.drivers import CheckFailed, Sink, Source, Taken, postgres_in_place, postgres_replace
 from backup.drivers.postgres_connection import connect
 from backup.manifest import Manifest, PhysicalPosition
 from backup.storage import CHUNK
@@ -398,6 +398,14 @@ class PostgresDriver:
             shutil.rmtree(pgdata)
         partial.rename(pgdata)
         return {"restored": str(pgdata), "systemIdentifier": manifest.details.get("systemIdentifier")}
+
+    def replace_in_place(
+        self, mode: str, token: str, fetch: Callable[[], tuple[Manifest, Source]]
+    ) -> dict[str, Any]:
+        return postgres_in_place.replace_in_place(mode, token, fetch, self.bootstrap)
+
+    def commit_in_place(self, token: str) -> dict[str, Any]:
+        return postgres_in_place.commit_in_place(token)
 
     def check(self, manifest: Manifest, query: str | None, database: str | None) -> dict[str, Any]:
         identifier = system_identifier()

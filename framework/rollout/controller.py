@@ -79,8 +79,12 @@ async def index_statefulset(body: kopf.Body, **_: Any) -> dict[Key, dict[str, An
     if not key:
         return {}
     kept = slim(body, ("status",))
-    # The pod template is most of a StatefulSet's size and no plan reads it back.
-    kept["spec"] = {k: v for k, v in (body.get("spec") or {}).items() if k != "template"}
+    # The pod template is most of a StatefulSet's size: only its annotations are kept (a
+    # service plugin reads there which of its templates the StatefulSet has taken).
+    spec = body.get("spec") or {}
+    kept["spec"] = {k: v for k, v in spec.items() if k != "template"}
+    annotations = ((spec.get("template") or {}).get("metadata") or {}).get("annotations") or {}
+    kept["spec"]["template"] = {"metadata": {"annotations": dict(annotations)}}
     return {key: kept}
 
 

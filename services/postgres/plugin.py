@@ -13,6 +13,7 @@ from lightkube import AsyncClient
 from lightkube.core.exceptions import ApiError
 from lightkube.resources.core_v1 import Pod
 
+from backup import in_place
 from framework.catalog import ResolvedVersion
 from framework.certificates import service_hosts
 from framework.plugin import (
@@ -26,6 +27,7 @@ from framework.plugin import (
 )
 from framework.quantity import parse_quantity
 from services.postgres import commands as postgres_commands
+from services.postgres.in_place import POD_ANNOTATION, InPlaceStep, plan_in_place, pod_annotation
 from services.postgres.instances import Servers, incarnation, members_of, pod_ip, rw_endpoints
 from services.postgres.primary import (
     Action,
@@ -35,6 +37,7 @@ from services.postgres.primary import (
     Reclone,
     Repoint,
     RestartPod,
+    iso_seconds,
     ordinal,
     plan_primary,
 )
@@ -56,6 +59,21 @@ def pod_ready(pod: dict[str, Any]) -> bool:
 def current_primary(name: str, observed: Observed) -> str:
     """The primary's pod: the one status records, else the first instance."""
     return observed.status.get("currentPrimary") or f"{name}-0"
+
+
+def in_place_step(
+    observed: Observed, primaries: frozenset[str] = frozenset(), now: float = 0.0
+) -> InPlaceStep:
+    """Where a physical restore over this instance stands (`services.postgres.in_place`)."""
+    return plan_in_place(
+        in_place.request_of(observed.annotations),
+        observed.status.get(in_place.STATUS_FIELD),
+        current_primary(observed.name, observed),
+        observed.pods,
+        observed.statefulset,
+        primaries,
+        iso_seconds(now) if now else "",
+    )
 
 
 # A renewed certificate reaches the pods' files within a minute or so (the kubelet's Secret
@@ -116,6 +134,7 @@ class PostgresPlugin(ServicePlugin):
     user_kind = "PostgresUser"
     backup_driver = "backup.drivers.postgres"
     backup_methods = ("physical", "logical")
+    restores_in_place = True
 
     def restored_spec(self, recorded: dict[str, Any], version: str, method: str) -> dict[str, Any]:
         if method != "physical":
@@ -225,8 +244,14 @@ class PostgresPlugin(ServicePlugin):
         # ordinals, so a primary among them is switched over first (see primary.py).
         keep = [current_primary(observed.name, observed), observed.status.get("targetPrimary")]
         replicas = max([spec.instances] + [ordinal(pod) + 1 for pod in keep if pod])
+        restoring = in_place_step(observed)
         return {
-            "replicas": replicas,
+            "replicas": 0 if restoring.stopped else replicas,
+            "in_place": restoring.init_env,
+            # Which restore step the pod template is for: read back from the StatefulSet.
+            "in_place_annotations": {POD_ANNOTATION: pod_annotation(restoring.init_env)}
+            if restoring.init_env
+            else {},
             "bootstrap_primary": f"{observed.name}-0",
             "cluster_state": "initialized" if observed.status.get("initialized") else "new",
             "superuser_secret": SUPERUSER.name(observed.name),
@@ -258,6 +283,15 @@ class PostgresPlugin(ServicePlugin):
                 observed, found.servers, found.incarnations, inspection.at if inspection else 0.0
             ).items()
         }
+        restoring = in_place_step(
+            observed, frozenset(pod for pod, m in members.items() if m.confirmed_primary), now
+        )
+        if restoring.held:  # pods down on purpose, or taking a backup: nothing to fail over
+            return Operations(
+                status={in_place.STATUS_FIELD: restoring.record},
+                events=list(restoring.events),
+                inspect_in=None if restoring.stopped else 5.0,
+            )
         switchover = spec.switchover
         switchovers = observed.status.get("switchover") or {}
         planned = plan_primary(
@@ -283,6 +317,8 @@ class PostgresPlugin(ServicePlugin):
             "targetPrimary": planned.target,
             "failover": planned.failover,
         }
+        if restoring.record:
+            status[in_place.STATUS_FIELD] = restoring.record
         if planned.rejoins is not None:
             status["rejoins"] = planned.rejoins or None
         if planned.switchover_done or planned.rollout_switchover_done:
@@ -298,7 +334,7 @@ class PostgresPlugin(ServicePlugin):
             pod_labels={pod: {ROLE_LABEL: role} for pod, role in planned.labels.items()},
             actions=actions,
             status=status,
-            events=[EventNote(*event) for event in planned.events],
+            events=[*restoring.events, *(EventNote(*event) for event in planned.events)],
             inspect_in=again,
         )
 
@@ -398,6 +434,9 @@ class PostgresPlugin(ServicePlugin):
             message = f"primary {primary} ready; {ready} of {spec.instances} instances ready"
         else:
             message = f"waiting for primary {primary}; {ready} of {spec.instances} instances ready"
+        restoring = observed.status.get(in_place.STATUS_FIELD)
+        if in_place.under_way(restoring):
+            message = f"restoring in place ({restoring['phase']}): {restoring.get('message', '')}; {message}"
         host = f"{observed.name}-rw.{observed.namespace}.svc"
         return ServiceStatus(
             ready_instances=ready,
@@ -451,6 +490,20 @@ class PostgresPlugin(ServicePlugin):
                 "type": "object",
                 "description": "standbys restarted because they stopped following: restarts so far",
                 "additionalProperties": {"type": "integer"},
+            },
+            in_place.STATUS_FIELD: {
+                "type": "object",
+                "description": "the last physical backup restored over this instance (a Restore's)",
+                "properties": {
+                    "token": {"type": "string", "description": "names the data kept aside"},
+                    "restore": {"type": "string"},
+                    "mode": {"type": "string", "enum": [in_place.RESTORE, in_place.ROLLBACK]},
+                    "pod": {"type": "string", "description": "the pod that takes the backup"},
+                    "phase": {"type": "string"},
+                    "reason": {"type": "string"},
+                    "message": {"type": "string"},
+                    "startedAt": {"type": "string"},
+                },
             },
             "tlsReloadedAtSeconds": {
                 "type": "number",

@@ -382,7 +382,7 @@ def _start_change(
         "from": primary,
         "to": to.pod,
         "reason": why,
-        "startedAt": _iso(observed.now),
+        "startedAt": iso_seconds(observed.now),
         "startedAtSeconds": observed.now,
     }
     lsn = f" at LSN {format_lsn(to.facts.lsn)}" if to.facts else ""
@@ -418,7 +418,7 @@ def _finish_change(
             # It answers again before anything was promoted: nothing was lost, keep it.
             plan.target = None
             plan.labels = {pod: (PRIMARY if pod == primary else REPLICA) for pod in observed.members}
-            plan.failover = {**change, "cancelled": _iso(observed.now)}
+            plan.failover = {**change, "cancelled": iso_seconds(observed.now)}
             plan.events.append(("Normal", "FailoverCancelled", f"{primary} answers again as the primary"))
             plan.probe_again = 1.0
             return plan
@@ -457,7 +457,7 @@ def _finish_change(
     kind = change.get("kind", "Failover")
     plan.failover = {
         **{k: v for k, v in change.items() if k not in ("waiting", "promoting")},
-        "completedAt": _iso(observed.now),
+        "completedAt": iso_seconds(observed.now),
         "seconds": round(took, 1),
     }
     plan.actions.append(Repoint(tuple(p for p in observed.members if p != target), target))
@@ -479,5 +479,5 @@ def format_lsn(lsn: int) -> str:
     return f"{lsn >> 32:X}/{lsn & 0xFFFFFFFF:X}"
 
 
-def _iso(seconds: float) -> str:
+def iso_seconds(seconds: float) -> str:
     return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -1,0 +1,54 @@
+"""A physical backup restored over a running instance: what a `Restore` and the instance's
+plugin say to each other.
+
+The Restore asks with an annotation on the instance (`ANNOTATION`: token, Restore, mode); the
+plugin answers in the instance's `status.inPlaceRestore` (token, mode, phase, the pod that
+takes the backup, a message). A plugin that serves it (`ServicePlugin.restores_in_place`)
+stops every pod, starts them again with an init container that, in the pod that was the
+primary, keeps the old data aside (named after the token) and puts the backup in its place,
+and in the others drops the copies they held (they clone the new primary). The Restore then
+checks the instance with a Job, which also drops what was kept aside. When anything fails,
+the Restore asks for `ROLLBACK`: the pods stop again and the old data goes back in place.
+
+Phases of one mode: STOPPING (no pod may run: replicas 0), STARTING (the pods run the init
+container), then RESTORED or ROLLED_BACK, COMMITTED (a rollback found the restore already
+checked and committed) or FAILED.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+ANNOTATION = "statefleet.dev/restore-in-place"
+STATUS_FIELD = "inPlaceRestore"
+RESTORE, ROLLBACK = "restore", "rollback"
+STOPPING, STARTING = "Stopping", "Starting"
+RESTORED, ROLLED_BACK, COMMITTED, FAILED = "Restored", "RolledBack", "Committed", "Failed"
+FINISHED = frozenset({RESTORED, ROLLED_BACK, COMMITTED, FAILED})
+TOKEN = re.compile(r"^[0-9a-f]{8}$")
+
+
+def request(token: str, restore: str, mode: str) -> str:
+    return json.dumps({"token": token, "restore": restore, "mode": mode}, sort_keys=True)
+
+
+def request_of(annotations: dict[str, str] | None) -> dict[str, str] | None:
+    """The request an instance carries, None when it carries none or one that is not ours."""
+    raw = (annotations or {}).get(ANNOTATION)
+    if not raw:
+        return None
+    try:
+        found = json.loads(raw)
+    except ValueError:
+        return None
+    if not isinstance(found, dict) or not TOKEN.match(str(found.get("token", ""))):
+        return None
+    if found.get("mode") not in (RESTORE, ROLLBACK):
+        return None
+    return {"token": found["token"], "restore": str(found.get("restore", "")), "mode": found["mode"]}
+
+
+def under_way(record: dict[str, Any] | None) -> bool:
+    return bool(record) and (record or {}).get("phase") not in FINISHED
