@@ -712,6 +712,21 @@ def test_a_physical_backup_replaces_a_running_instance_and_is_undone_when_it_fai
     assert base["key"] in failed["message"]
     holds_its_own_data()
 
+    # Deleted while its check runs: the check's Job stops, the instance gets its own data back,
+    # and only then does the Restore go.
+    slow = {"query": "SELECT count(*) FROM pg_sleep(300)", "database": "shop"}
+    apply(kube, Restore, namespace, "withdrawn", {"backup": "base", "target": target, "check": slow})
+    wait_until(
+        "the check running",
+        lambda: status(kube, Restore, namespace, "withdrawn").get("inPlace") == "check",
+        timeout=300,
+    )
+    kube.delete(Restore, "withdrawn", namespace=namespace)
+    wait_gone(kube, Restore, "withdrawn", namespace, timeout=300)
+    withdrawn = kube.list(Event, namespace=namespace, fields={"involvedObject.name": "withdrawn"})
+    assert any(e.reason == "Withdrawn" and "holds its own data again" in (e.message or "") for e in withdrawn)
+    holds_its_own_data()
+
     # The restore that succeeds: the backup's cluster and data, served by both pods (the
     # standby cloned the restored primary), nothing left aside once checked.
     apply(kube, Restore, namespace, "undo-the-deploy", {"backup": "base", "target": target})
