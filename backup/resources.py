@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import calendar
 import json
 import time
 from typing import Any
@@ -174,8 +175,11 @@ def seconds_between(start: str | None, end: str | None) -> float | None:
     return max(0.0, parse(end) - parse(start))
 
 
+ISO = "%Y-%m-%dT%H:%M:%SZ"
+
+
 def now_iso() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    return time.strftime(ISO, time.gmtime())
 
 
 def ready_condition(body: dict[str, Any] | None) -> bool:
@@ -540,6 +544,16 @@ class RestoreKind(JobKind):
         namespace = meta["namespace"]
         backup_ref = Ref("Backup", spec.backup)
         backup = await get_or_none(client, BackupKind.resource(), spec.backup, namespace)
+        if status.get("inPlace") and (
+            status["inPlace"] == "rollback" or (backup or {}).get("status", {}).get("phase") != COMPLETED
+        ):
+            # Under way in the instance: whatever happened to the Backup since, it ends there.
+            plugin = self.plugins[spec.target.kind]
+            target = await get_or_none(client, plugin.resource(), spec.target.name, namespace)
+            if target is None:
+                return self.failed("TargetDeleted", f"{plugin.kind} {spec.target.name} was deleted")
+            gone = ("BackupNotFound", f"spec.backup: Backup {spec.backup} is gone or no longer completed")
+            return await self.roll_back_in_place(client, body, plugin, target, gone)
         if backup is None:
             return Outcome(
                 False,
@@ -620,7 +634,16 @@ class RestoreKind(JobKind):
             if refusal:
                 return self.failed(*refusal)
             if method != "logical":
-                return await self.restore_in_place(client, body, spec, plugin, target, s3, location_prefix)
+                return await self.restore_in_place(
+                    client,
+                    body,
+                    spec,
+                    plugin,
+                    target,
+                    s3,
+                    location_prefix,
+                    backup_status.get("version") or "",
+                )
         else:
             await self.ensure_bootstrap_secret(client, target, s3, plugin, location_prefix)
         name = job_name(meta["name"], "restore")
@@ -781,6 +804,7 @@ class RestoreKind(JobKind):
         target: dict[str, Any],
         s3: S3Spec,
         location_prefix: str,
+        backup_version: str,
     ) -> Outcome:
         """A physical backup over the running target (`backup.in_place`): the instance is asked
         to stop and take it (status.inPlace: restore), a Job checks it and drops what was kept
@@ -802,6 +826,11 @@ class RestoreKind(JobKind):
                     retry_in=15,
                     fields={"phase": PENDING},
                 )
+            running = str((target.get("status") or {}).get("version") or "")
+            try:  # a data directory starts on its own major version only
+                plugin.restored_spec({"version": running}, str(backup_version), "physical")
+            except ValueError as error:
+                return self.failed("TargetRefused", f"spec.target.name: {instance} is at {error}")
             if not ready_condition(target):
                 return Outcome(
                     False,
@@ -832,6 +861,11 @@ class RestoreKind(JobKind):
             if ours.get("phase") == in_place.FAILED:
                 failure = (ours.get("reason") or "RestoreFailed", ours.get("message") or "the restore failed")
                 return await self.roll_back_in_place(client, body, plugin, target, failure)
+            started = status.get("startedAt")
+            if started and time.time() - calendar.timegm(time.strptime(started, ISO)) > DEFAULT_DEADLINE:
+                # A server that never starts on the restored data (or pods that never stop).
+                late = f"{instance} did not serve the backup within {DEFAULT_DEADLINE // 3600} h"
+                return await self.roll_back_in_place(client, body, plugin, target, ("DeadlineExceeded", late))
             if ours.get("phase") != in_place.RESTORED or not ready_condition(target):
                 phase = ours.get("phase") or in_place.STOPPING
                 return Outcome(

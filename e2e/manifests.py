@@ -57,7 +57,16 @@ def psql_client_pod(name: str, uri: str, sql: str) -> dict[str, Any]:
                     "name": "psql",
                     "image": POSTGRES_15,
                     "imagePullPolicy": "IfNotPresent",
-                    "command": ["psql", uri, "-v", "ON_ERROR_STOP=1", "-tAc", sql],
+                    # kube-proxy follows a pod that just turned ready a moment later: psql
+                    # runs once the address answers (for up to 30 s).
+                    "command": [
+                        "bash",
+                        "-c",
+                        'for _ in $(seq 30); do pg_isready -q -d "$0" -t 2 && break; sleep 1; done; '
+                        'exec psql "$0" -v ON_ERROR_STOP=1 -tAc "$1"',
+                        uri,
+                        sql,
+                    ],
                 }
             ],
         },

@@ -61,15 +61,20 @@ def test_cert_manager_issues_and_renews_the_instance_certificates(
 
         served = wait_until("demo-rw answering", presented, timeout=30, interval=0.5)
         served.verify_directly_issued_by(x509.load_pem_x509_certificate(ca_pem))
-        wait_until(
-            "the Secrets owned by the instance",
-            lambda: all(
-                any(o.uid == postgres["metadata"]["uid"] for o in secret.metadata.ownerReferences or [])
-                for secret in (kube.get(Secret, n, namespace=namespace) for n in ("demo-tls", "demo-ca"))
-            ),
-            timeout=90,
-            interval=2,
-        )
+
+        # Each Secret owned by its Certificate, each Certificate by the instance.
+        def owned_by_certificates() -> bool:
+            for name in ("demo-tls", "demo-ca"):
+                certificate = kube.get(Certificate, name, namespace=namespace)
+                owners = certificate.metadata.ownerReferences or []
+                if [o.uid for o in owners] != [postgres["metadata"]["uid"]]:
+                    return False
+                secret = kube.get(Secret, name, namespace=namespace)
+                if [o.uid for o in secret.metadata.ownerReferences or []] != [certificate.metadata.uid]:
+                    return False
+            return True
+
+        wait_until("the Secrets owned by their Certificates", owned_by_certificates, timeout=90, interval=2)
 
         def noted() -> dict | None:
             tls = kube.get(Postgres, "demo", namespace=namespace).to_dict()["status"]["tls"]

@@ -121,7 +121,7 @@ class Operator:
             if secret is not None:
                 secrets[generated.suffix] = secret
         tls_status = (body.get("status") or {}).get("tls") or {}
-        cert_manager, certificate = False, None
+        cert_manager, certificate, ca_certificate = False, None, None
         if plugin.tls_hosts(name, namespace):
             # Read on resyncs (a certificate is renewed weeks before it expires), and until the
             # status shows one issued (an instance from before TLS gets them at once).
@@ -138,6 +138,7 @@ class Operator:
             server = secrets.get(TLS_SERVER)
             if server != {} and choose_tls_provider(tls_status, server, cert_manager) == CERT_MANAGER:
                 certificate = await get_or_none(self.client, Certificate, f"{name}-{TLS_SERVER}", namespace)
+                ca_certificate = await get_or_none(self.client, Certificate, f"{name}-{TLS_CA}", namespace)
         return Observed(
             name=name,
             namespace=namespace,
@@ -152,6 +153,7 @@ class Operator:
             clock=asyncio.get_running_loop().time(),
             cert_manager=cert_manager,
             certificate=certificate,
+            ca_certificate=ca_certificate,
         )
 
     # --- act --------------------------------------------------------------------------------

@@ -95,6 +95,7 @@ class Observed:
     clock: float = 0.0  # the event loop's clock when observed (to age `inspection`)
     cert_manager: bool = False  # cert-manager's API is served in the cluster
     certificate: dict[str, Any] | None = None  # the server Certificate, when cert-manager makes it
+    ca_certificate: dict[str, Any] | None = None  # and the CA's
 
 
 @dataclass(frozen=True)

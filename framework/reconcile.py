@@ -261,9 +261,10 @@ def plan_instance_tls(
 def plan_cert_manager_tls(
     observed: Observed, hosts: list[str], labels: dict[str, str], owner: dict[str, Any], now: float
 ) -> InstanceTls:
-    """cert-manager issues and renews the Secrets; the operator keeps its objects applied, owns
-    the Secrets it wrote (so they go with the instance), and notes each new certificate so the
-    servers reload it (`status.tls.issuedAtSeconds`)."""
+    """cert-manager issues and renews the Secrets; the operator keeps its objects applied, makes
+    each Secret owned by its Certificate (which the instance owns: they go with it, and a Secret
+    the garbage collector deleted first is never written again by a Certificate still there),
+    and notes each new certificate so the servers reload it (`status.tls.issuedAtSeconds`)."""
     name, namespace = observed.name, observed.namespace
     resources = [decorate(r, labels, owner, namespace) for r in build_cert_manager_resources(name, hosts)]
     digest = children_hash(resources)
@@ -276,12 +277,19 @@ def plan_cert_manager_tls(
         result.resources = resources
     if not read:
         return result
-    for suffix in (TLS_CA, TLS_SERVER):
+    for suffix, certificate in ((TLS_CA, observed.ca_certificate), (TLS_SERVER, observed.certificate)):
         secret = observed.secrets.get(suffix)
+        uid = ((certificate or {}).get("metadata") or {}).get("uid")
         owners = ((secret or {}).get("metadata") or {}).get("ownerReferences") or []
-        if secret and not any(o.get("uid") == owner["uid"] for o in owners):
+        if secret and uid and [o.get("uid") for o in owners] != [uid]:
             adopted = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": f"{name}-{suffix}"}}
-            result.secrets.append(decorate(adopted, labels, owner, namespace))
+            by_certificate = {
+                "apiVersion": "cert-manager.io/v1",
+                "kind": "Certificate",
+                "name": f"{name}-{suffix}",
+                "uid": uid,
+            }
+            result.secrets.append(decorate(adopted, labels, by_certificate, namespace))
     not_after = read_issued(_decoded(server))
     if not_after is None:
         waiting = f"cert-manager has not issued {name}-tls: {certificate_not_ready(observed.certificate)}"

@@ -26,13 +26,12 @@ from backup.manifest import Manifest
 
 RESTORED, ROLLED_BACK, COMMITTED = "restored", "rolled-back", "committed"
 # What the init container does to one pod's volume.
-SKIP, TAKE_BACKUP, DROP_COPY, PUT_BACK, NOTHING_MOVED, KEEP_COPY = (
+SKIP, TAKE_BACKUP, DROP_COPY, PUT_BACK, NOTHING_MOVED = (
     "skip",
     "take-backup",
     "drop-copy",
     "put-back",
     "nothing-moved",
-    "keep-copy",
 )
 
 
@@ -45,12 +44,16 @@ def plan_volume(mode: str, restoring_pod: bool, marker: str, has_data: bool, has
         if marker == RESTORED:
             return SKIP
         if restoring_pod:
-            # An empty volume is a pod made anew (its claim lost): it clones, like any other.
+            # The primary always has data; an empty volume here is a claim made anew after the
+            # restore (an earlier pod's marker went with the old claim): it must not become a
+            # second primary, it clones the one there is.
             return TAKE_BACKUP if has_data or has_aside else SKIP
         return DROP_COPY  # a copy of the data being replaced: it clones the new primary
     if restoring_pod:
         return PUT_BACK if has_aside else NOTHING_MOVED
-    return DROP_COPY if marker == RESTORED else KEEP_COPY  # a copy that never took the restore stays
+    # Every other copy goes, even one that never took the restore: until the old primary
+    # serves again, no standby may exist that the planning could promote in its place.
+    return DROP_COPY
 
 
 class Volume:
@@ -104,7 +107,7 @@ def replace_in_place(
         shutil.rmtree(volume.pgdata, ignore_errors=True)
         volume.mark(RESTORED if mode == in_place.RESTORE else ROLLED_BACK)
     else:
-        volume.mark(ROLLED_BACK)  # NOTHING_MOVED, KEEP_COPY
+        volume.mark(ROLLED_BACK)  # NOTHING_MOVED
     return result
 
 
@@ -120,9 +123,8 @@ def commit_in_place(token: str) -> dict[str, Any]:
             "SELECT pg_read_file(%s, 0, 64, true), (pg_stat_file(%s, true)).isdir IS TRUE",
             [str(volume.marker), str(volume.aside)],
         ).fetchone()
-        if (marker or "").strip() == COMMITTED:
-            return {"committed": True, "removed": str(volume.aside)}
-        if not aside:
+        committed = (marker or "").strip() == COMMITTED  # an earlier attempt got that far
+        if not aside and not committed:
             listed = conn.execute(
                 "SELECT string_agg(f, ', ' ORDER BY f) FROM pg_ls_dir(%s) f", [str(volume.marker.parent)]
             )
@@ -131,9 +133,12 @@ def commit_in_place(token: str) -> dict[str, Any]:
                 f"{volume.marker.name}: {(marker or '').strip() or 'none'}): it is not the pod that took "
                 "the backup, so what was kept aside cannot be removed from here"
             )
-        conn.execute(
-            sql.SQL("COPY (SELECT {}) TO {}").format(sql.Literal(COMMITTED), sql.Literal(str(volume.marker)))
-        )
+        if not committed:
+            conn.execute(
+                sql.SQL("COPY (SELECT {}) TO {}").format(
+                    sql.Literal(COMMITTED), sql.Literal(str(volume.marker))
+                )
+            )
         command = f"rm -rf -- {shlex.quote(str(volume.aside))}"
         conn.execute(sql.SQL("COPY (SELECT 1) TO PROGRAM {}").format(sql.Literal(command)))
     return {"committed": True, "removed": str(volume.aside)}

@@ -79,7 +79,23 @@ def plan_in_place(
     """`primaries`: the pods whose server answered as the primary in this life of the pod."""
     record = dict(record) if record else None
     events: list[EventNote] = []
-    if request and (record is None or record.get("token") != request["token"]):
+    withdrawn = record is not None and (request is None or request["token"] != record.get("token"))
+    if (
+        record
+        and record["mode"] == in_place.RESTORE
+        and record["phase"] in (in_place.STOPPING, in_place.STARTING, in_place.FAILED)
+        and (withdrawn or (request is not None and request["mode"] == in_place.ROLLBACK))
+    ):
+        # Asked to undo it, or no Restore asks for it any more (deleted, or another one's
+        # request): nothing unchecked is left in place.
+        record = {
+            **record,
+            "mode": in_place.ROLLBACK,
+            "phase": in_place.STOPPING,
+            "message": f"every pod stops; {record['pod']} then gets its own data back",
+        }
+        events.append(EventNote("Warning", "RestoreRollingBack", record["message"]))
+    elif request and (record is None or record.get("token") != request["token"]):
         if request["mode"] == in_place.RESTORE and not in_place.under_way(record):
             record = {
                 "token": request["token"],
@@ -92,6 +108,7 @@ def plan_in_place(
             }
             events.append(EventNote("Normal", "RestoreStopping", record["message"]))
     elif request and record and request["mode"] == in_place.ROLLBACK and record["mode"] == in_place.RESTORE:
+        # Restored, then its check failed.
         record = {
             **record,
             "mode": in_place.ROLLBACK,
@@ -121,14 +138,16 @@ def plan_in_place(
         message = f"{record['pod']} failed {what}: {details['reason']}: {details['message']}"
         record = {**record, "phase": in_place.FAILED, "reason": details["reason"], "message": message}
         events.append(EventNote("Warning", "RestoreFailed" if restoring else "RollbackFailed", message))
-        return InPlaceStep(record, held=True, init_env=env, events=tuple(events))
+        # A failed restore waits for its rollback; a failed rollback is left to the planning
+        # (and to a person: the old data is kept aside under the token).
+        return InPlaceStep(record, held=restoring, init_env=env, events=tuple(events))
     if record["pod"] not in primaries:
         return InPlaceStep(record, init_env=env, events=tuple(events))  # the planning promotes it
     if restoring:
         message = f"{record['pod']} holds the backup and is the primary; its old data is kept aside"
         record = {**record, "phase": in_place.RESTORED, "message": message}
         events.append(EventNote("Normal", "RestoreStarted", message))
-    elif (details.get("details") or details).get("committed"):
+    elif details.get("committed"):
         message = f"{record['pod']} keeps the backup: the restore had been checked and committed"
         record = {**record, "phase": in_place.COMMITTED, "message": message}
         events.append(EventNote("Normal", "RestoreCommitted", message))

@@ -404,18 +404,23 @@ def test_with_cert_manager_served_a_new_instance_gets_its_certificates_from_it()
     assert [e.reason for e in first.events if e.reason.startswith("Certificate")] == ["CertificatePending"]
 
     # Issued: the Secret is adopted, the certificate noted (the servers reload it), once.
-    certificate = {"status": {"conditions": [{"type": "Ready", "status": "True"}]}}
+    certificate = {
+        "metadata": {"name": "demo-tls", "uid": "cert-uid"},
+        "status": {"conditions": [{"type": "Ready", "status": "True"}]},
+    }
     secrets = {"tls": cert_manager_secret(89)}
     second = plan(
         PLUGIN, observed(spec, status=first.status, secrets=secrets, certificate=certificate), CATALOG, "uid"
     )
     assert second.tls_resources == []  # applied, unchanged, and there
     assert [s["metadata"]["name"] for s in second.secrets_to_apply] == ["demo-tls"]
-    assert second.secrets_to_apply[0]["metadata"]["ownerReferences"][0]["uid"] == "uid"
+    # Owned by its Certificate (the instance's): gone with it, never written again after.
+    (owner,) = second.secrets_to_apply[0]["metadata"]["ownerReferences"]
+    assert (owner["kind"], owner["uid"]) == ("Certificate", "cert-uid")
     assert "waiting" not in second.status["tls"]
     assert second.status["tls"]["issuedAtSeconds"] == 0.0
     assert [e.reason for e in second.events if e.reason.startswith("Certificate")] == ["CertificateIssued"]
-    owned = {"tls": cert_manager_secret(89, owners=[{"uid": "uid"}])}
+    owned = {"tls": cert_manager_secret(89, owners=[{"uid": "cert-uid"}])}
     third = plan(
         PLUGIN, observed(spec, status=second.status, secrets=owned, certificate=certificate), CATALOG, "uid"
     )

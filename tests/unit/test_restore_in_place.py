@@ -9,7 +9,6 @@ from backup import in_place
 from backup.drivers.postgres_in_place import (
     COMMITTED,
     DROP_COPY,
-    KEEP_COPY,
     NOTHING_MOVED,
     PUT_BACK,
     RESTORED,
@@ -127,13 +126,39 @@ def test_a_rollback_stops_again_and_ends_rolled_back_or_committed() -> None:
         assert ended_step.record["phase"] == phase
 
 
-def test_another_restore_waits_for_the_one_under_way() -> None:
+def test_a_restore_no_longer_asked_for_is_undone_and_another_waits_for_that() -> None:
     stopping = plan_in_place(ASK, None, "demo-1", [], None).record
-    other = {**ASK, "token": "ffffffff"}
-    step = plan_in_place(other, stopping, "demo-1", [], None)
-    assert step.record == stopping
-    finished = {**stopping, "phase": in_place.RESTORED}
-    assert plan_in_place(other, finished, "demo-0", [], None).record["token"] == "ffffffff"
+    for request in (None, {**ASK, "token": "ffffffff"}):  # the Restore deleted, or another one's
+        step = plan_in_place(request, stopping, "demo-1", [], None)
+        assert step.record["token"] == TOKEN
+        assert step.record["mode"] == in_place.ROLLBACK
+        assert step.stopped
+    failed = {**stopping, "phase": in_place.FAILED}
+    assert plan_in_place(None, failed, "demo-1", [], None).record["mode"] == in_place.ROLLBACK
+    # A restore that was checked is not undone when its request goes.
+    restored = {**stopping, "phase": in_place.RESTORED}
+    assert plan_in_place(None, restored, "demo-1", [], None).record == restored
+    finished = {**stopping, "mode": in_place.ROLLBACK, "phase": in_place.ROLLED_BACK}
+    assert (
+        plan_in_place({**ASK, "token": "ffffffff"}, finished, "demo-0", [], None).record["token"]
+        == "ffffffff"
+    )
+
+
+def test_a_failed_rollback_leaves_the_planning_free() -> None:
+    assert plan_in_place(UNDO, None, "demo-1", [], None).record is None  # nothing to undo here
+    starting = {
+        "token": TOKEN,
+        "restore": "back",
+        "mode": in_place.ROLLBACK,
+        "pod": "demo-1",
+        "phase": in_place.STARTING,
+    }
+    error = '{"error": {"reason": "OSError", "message": "No space left on device"}}'
+    step = plan_in_place(UNDO, starting, "demo-1", [pod("demo-1", ended(1, error))], None)
+    assert step.record["phase"] == in_place.FAILED
+    assert not step.held
+    assert [e.reason for e in step.events] == ["RollbackFailed"]
 
 
 @pytest.mark.parametrize(
@@ -149,7 +174,7 @@ def test_another_restore_waits_for_the_one_under_way() -> None:
         (in_place.ROLLBACK, True, "", True, False, NOTHING_MOVED),  # refused before moving anything
         (in_place.ROLLBACK, True, COMMITTED, True, False, SKIP),  # checked: never undone
         (in_place.ROLLBACK, False, RESTORED, True, False, DROP_COPY),
-        (in_place.ROLLBACK, False, "", True, False, KEEP_COPY),  # never took the restore
+        (in_place.ROLLBACK, False, "", True, False, DROP_COPY),  # no standby to promote meanwhile
         (in_place.RESTORE, True, ROLLED_BACK, True, True, SKIP),
     ],
 )
