@@ -52,3 +52,14 @@ def request_of(annotations: dict[str, str] | None) -> dict[str, str] | None:
 
 def under_way(record: dict[str, Any] | None) -> bool:
     return bool(record) and (record or {}).get("phase") not in FINISHED
+
+
+def record_of(instance: dict[str, Any]) -> dict[str, Any]:
+    """The instance's answer (any Restore's), {} when it has none."""
+    return (instance.get("status") or {}).get(STATUS_FIELD) or {}
+
+
+def record_for(instance: dict[str, Any], token: str) -> dict[str, Any]:
+    """The instance's answer to the restore `token` names, {} when it answers another or none."""
+    record = record_of(instance)
+    return record if record.get("token") == token else {}

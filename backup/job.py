@@ -35,7 +35,10 @@ def build_job(
     service_env: list[dict[str, Any]],
     image: str,
     deadline_seconds: int = DEFAULT_DEADLINE,
+    retries: int = 0,
+    owned_by: tuple[str, dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
+    """The Job `<owner>-<action>`, owned by `owner` unless `owned_by` (kind, body) says another."""
     meta = owner["metadata"]
     name = job_name(meta["name"], action)
     labels = {LABEL_MANAGED_BY: MANAGER, LABEL_PART_OF: "statefleet", JOB_LABEL: name}
@@ -50,10 +53,10 @@ def build_job(
             "name": name,
             "namespace": meta["namespace"],
             "labels": labels,
-            "ownerReferences": [owner_reference(owner_kind, owner)],
+            "ownerReferences": [owner_reference(*(owned_by or (owner_kind, owner)))],
         },
         "spec": {
-            "backoffLimit": 0,
+            "backoffLimit": retries,
             "activeDeadlineSeconds": deadline_seconds,
             "template": {
                 "metadata": {"labels": labels},
@@ -127,7 +130,11 @@ def job_state(job: dict[str, Any], pod: dict[str, Any] | None) -> JobState:
             return JobState("Succeeded", result=report["result"])
         return JobState("Failed", reason="NoReport", message="the job ended without reporting its result")
     failed = job_conditions.get("Failed")
-    if (failed and failed.get("status") == "True") or (job.get("status") or {}).get("failed"):
+    # A pod that failed counts only once the Job has no retry left for it.
+    out_of_retries = ((job.get("status") or {}).get("failed") or 0) > (
+        (job.get("spec") or {}).get("backoffLimit") or 0
+    )
+    if (failed and failed.get("status") == "True") or out_of_retries:
         if report and "error" in report:
             return JobState("Failed", reason=report["error"]["reason"], message=report["error"]["message"])
         why = (failed or {}).get("reason") or "Failed"

@@ -1,7 +1,8 @@
 """A backup's manifest: written last, so a backup without one does not exist.
 
 Layout of a backup in its bucket:
-  <prefix>/<namespace>/<kind>/<instance>/<backup>-<uid8>/<object>...   the data, streamed
+  <prefix>/<namespace>/<kind>/<instance>/<backup>-<uid8>/<object>.000001...  the data, streamed
+                                                                  as pieces
   <prefix>/<namespace>/<kind>/<instance>/<backup>-<uid8>/manifest.json  what they are
 """
 
@@ -14,14 +15,26 @@ from pydantic import BaseModel, Field
 from backup.storage import object_key
 
 MANIFEST = "manifest.json"
-FORMAT = 1
+FORMAT = 2  # 2: objects stored as pieces; 1: each object one key (still read)
+
+
+class Piece(BaseModel):
+    key: str
+    size: int
+    sha256: str
 
 
 class ManifestObject(BaseModel):
     name: str  # the driver's name for it, e.g. base.tar, db/orders.dump
-    key: str
+    key: str  # its pieces' keys start with it
     size: int
-    sha256: str
+    sha256: str  # of the whole stream
+    pieces: list[Piece] | None = None  # in order; None: the object is the key itself (format 1)
+
+    def stored_pieces(self) -> list[Piece]:
+        if self.pieces is not None:
+            return self.pieces
+        return [Piece(key=self.key, size=self.size, sha256=self.sha256)]
 
 
 class PhysicalPosition(BaseModel):

@@ -17,7 +17,8 @@ from lightkube.core.exceptions import ApiError
 from lightkube.types import PatchType
 from pydantic import Field, field_validator
 
-from backup.resources import COMPLETED, FAILED, BackupKind, RestoreKind
+from backup.resources import COMPLETED, FAILED, BackupKind
+from backup.restore import RestoreKind
 from backup.retention import Candidate, RetentionSpec, to_prune
 from backup.schedule import Schedule, ScheduleError
 from framework import conditions

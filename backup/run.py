@@ -30,7 +30,7 @@ from typing import Any
 from botocore.exceptions import BotoCoreError, ClientError
 
 from backup import drivers
-from backup.manifest import Manifest, ManifestObject, manifest_key
+from backup.manifest import Manifest, ManifestObject, Piece, manifest_key
 from backup.storage import (
     ChecksumMismatch,
     S3Spec,
@@ -109,7 +109,10 @@ class S3Sink:
             upload.abort()
             raise
         self.progress.objects += 1
-        self.written.append(ManifestObject(name=name, key=stored.key, size=stored.size, sha256=stored.sha256))
+        pieces = [Piece(key=p.key, size=p.size, sha256=p.sha256) for p in stored.pieces]
+        self.written.append(
+            ManifestObject(name=name, key=stored.key, size=stored.size, sha256=stored.sha256, pieces=pieces)
+        )
         return stored
 
 
@@ -163,15 +166,22 @@ def read_manifest(client: Any, spec: S3Spec, location: str) -> Manifest:
 
 
 def checked_chunks(client: Any, spec: S3Spec, entry: ManifestObject, progress: Progress) -> Iterator[bytes]:
-    """The object's bytes, checked against the manifest again as they stream."""
-    digest, size = hashlib.sha256(), 0
-    for data in read_chunks(client, spec, entry.key):
-        digest.update(data)
-        size += len(data)
-        progress.add(len(data), entry.name)
-        yield data
-    if digest.hexdigest() != entry.sha256 or size != entry.size:
-        raise ChecksumMismatch(entry.key, entry.sha256, digest.hexdigest(), size)
+    """The object's bytes, its pieces in order, each checked against the manifest as it ends
+    and the whole at the end."""
+    whole, total = hashlib.sha256(), 0
+    for piece in entry.stored_pieces():
+        digest, size = hashlib.sha256(), 0
+        for data in read_chunks(client, spec, piece.key):
+            digest.update(data)
+            whole.update(data)
+            size += len(data)
+            progress.add(len(data), entry.name)
+            yield data
+        if digest.hexdigest() != piece.sha256 or size != piece.size:
+            raise ChecksumMismatch(piece.key, piece.sha256, digest.hexdigest(), size)
+        total += size
+    if whole.hexdigest() != entry.sha256 or total != entry.size:
+        raise ChecksumMismatch(entry.key, entry.sha256, whole.hexdigest(), total)
 
 
 def restore(request: dict[str, Any], client: Any, spec: S3Spec) -> dict[str, Any]:
@@ -216,15 +226,34 @@ def check(request: dict[str, Any], client: Any, spec: S3Spec) -> dict[str, Any]:
     return {"bytes": 0, "objects": len(manifest.objects), "details": details}
 
 
+def verify_objects(client: Any, spec: S3Spec, manifest: Manifest) -> None:
+    """Reads every object the manifest lists; raises `ChecksumMismatch` at the first that is
+    not what it says."""
+    for entry in manifest.objects:
+        for piece in entry.stored_pieces():
+            verify(client, spec, piece.key, piece.sha256, piece.size)
+        say("progress", {"verified": entry.name})
+
+
+def streamed_source(client: Any, spec: S3Spec, manifest: Manifest) -> drivers.Source:
+    """The backup's objects' bytes, each checked against the manifest as it streams."""
+    objects = {o.name: o for o in manifest.objects}
+    progress = Progress()
+    return lambda name: checked_chunks(client, spec, objects[name], progress)
+
+
 def verified_source(client: Any, spec: S3Spec, manifest: Manifest) -> drivers.Source:
     """The backup's objects' bytes (checked again as they stream), once every object the
     manifest lists was read and matched its sha256."""
-    objects = {o.name: o for o in manifest.objects}
-    for entry in manifest.objects:
-        verify(client, spec, entry.key, entry.sha256, entry.size)
-        say("progress", {"verified": entry.name})
-    progress = Progress()
-    return lambda name: checked_chunks(client, spec, objects[name], progress)
+    verify_objects(client, spec, manifest)
+    return streamed_source(client, spec, manifest)
+
+
+def verify_backup(request: dict[str, Any], client: Any, spec: S3Spec) -> dict[str, Any]:
+    """Before an instance stops for a restore in place: is every object what the manifest says."""
+    manifest = read_manifest(client, spec, request["location"])
+    verify_objects(client, spec, manifest)
+    return {"bytes": manifest.size, "objects": len(manifest.objects), "details": {"method": manifest.method}}
 
 
 def bootstrap(request: dict[str, Any], client: Any, spec: S3Spec) -> dict[str, Any]:
@@ -243,6 +272,10 @@ def bootstrap(request: dict[str, Any], client: Any, spec: S3Spec) -> dict[str, A
             manifest = read_manifest(client, spec, request["location"])
             if manifest.method != "physical":
                 raise StorageError("NotPhysical", f"a {manifest.method} backup is not restored by a pod")
+            if request.get("verified"):
+                # A Job read every object before the instance stopped: the instance is down only
+                # for one pass, still checked as it streams (the old data stays aside meanwhile).
+                return manifest, streamed_source(client, spec, manifest)
             return manifest, verified_source(client, spec, manifest)
 
         return driver.replace_in_place(os.environ["RESTORE_MODE"], token, fetch)
@@ -287,6 +320,7 @@ def main() -> int:
             "restore": restore,
             "rollback": roll_back,
             "check": check,
+            "verify": verify_backup,
             "bootstrap": bootstrap,
         }
         started = time.monotonic()

@@ -1,6 +1,6 @@
 """S3 storage for backups: any S3-compatible store through boto3.
 
-Objects are streamed: an upload holds at most `in_flight + 1` parts in memory whatever the
+Objects are streamed: an upload holds at most `IN_FLIGHT + 1` pieces in memory whatever the
 size of the backup, and a download reads fixed-size chunks. Every object's sha256 is computed
 on the way, so the manifest can name it and a restore can check it before applying anything.
 boto3 blocks: the operator calls it through `asyncio.to_thread`, the backup jobs directly.
@@ -24,8 +24,8 @@ from framework.spec import ApiModel
 
 BUCKET_PATTERN = r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$"
 MiB = 1024 * 1024
-PART_SIZE = 16 * MiB  # S3 allows 10,000 parts: 160 GiB per object at this size, more with a bigger one
-IN_FLIGHT = 3  # parts uploading while the next one fills
+PIECE_SIZE = 16 * MiB  # an object is written as pieces of this size (`Upload`)
+IN_FLIGHT = 3  # pieces uploading while the next one fills
 CHUNK = 1 * MiB
 
 
@@ -46,6 +46,14 @@ class S3Spec(ApiModel):
     credentials_secret: str = Field(
         min_length=1,
         description="A Secret in the same namespace with AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY.",
+    )
+    piece_size_mib: int = Field(
+        default=PIECE_SIZE // MiB,
+        alias="pieceSizeMiB",
+        ge=1,
+        le=64,
+        description="Objects are stored as pieces of this many MiB (fewer objects with bigger ones; "
+        "a backup Job holds four in memory).",
     )
 
 
@@ -122,82 +130,69 @@ class StoredObject:
     key: str
     size: int
     sha256: str
+    pieces: tuple[StoredObject, ...] = ()  # what it was written as, in order (`Upload`)
+
+
+def piece_key(key: str, number: int) -> str:
+    return f"{key}.{number:06d}"
 
 
 class Upload:
-    """One object written as a stream: `write` as the bytes come, `finish` once, `abort` on failure
-    (nothing is left behind: an unfinished multipart upload is aborted, and is never an object)."""
+    """One object written as a stream of pieces: `write` as the bytes come, `finish` once,
+    `abort` on failure. Each piece of `piece_size` bytes is a plain object of its own
+    (`<key>.000001`, ...), up to IN_FLIGHT of them uploading while the next one fills, so memory
+    stays bounded whatever the size. Not a multipart upload: completing one makes some S3
+    servers (file-system backed ones, the test bed's among them) copy every part into the final
+    object, all of it at the very end of the backup; and an object is not limited to 10,000
+    parts. The whole stream's sha256 and each piece's are
+    kept for the manifest."""
 
-    def __init__(self, client: Any, spec: S3Spec, key: str, part_size: int = PART_SIZE) -> None:
-        self.client, self.spec, self.key, self.part_size = client, spec, key, part_size
+    def __init__(self, client: Any, spec: S3Spec, key: str) -> None:
+        self.client, self.spec, self.key = client, spec, key
+        self.piece_size = spec.piece_size_mib * MiB
         self.buffer = bytearray()
         self.digest = hashlib.sha256()
         self.size = 0
-        self.upload_id: str | None = None
-        self.parts: list[Future[dict[str, Any]]] = []
+        self.pieces: list[Future[StoredObject]] = []
         self.pool = ThreadPoolExecutor(max_workers=IN_FLIGHT, thread_name_prefix="upload")
 
     def write(self, data: bytes) -> None:
         self.digest.update(data)
         self.size += len(data)
         self.buffer += data
-        while len(self.buffer) >= self.part_size:
-            self._send(bytes(self.buffer[: self.part_size]))
-            del self.buffer[: self.part_size]
+        while len(self.buffer) >= self.piece_size:
+            self._send(bytes(self.buffer[: self.piece_size]))
+            del self.buffer[: self.piece_size]
 
-    def _send(self, part: bytes) -> None:
-        if self.upload_id is None:
-            started = self.client.create_multipart_upload(
-                Bucket=self.spec.bucket, Key=self.key, **encryption_args(self.spec)
-            )
-            self.upload_id = started["UploadId"]
-        # Bounded memory: wait for the oldest part once IN_FLIGHT are on their way.
-        pending = [p for p in self.parts if not p.done()]
+    def _send(self, piece: bytes) -> None:
+        # Bounded memory: wait for the oldest piece once IN_FLIGHT are on their way.
+        pending = [p for p in self.pieces if not p.done()]
         if len(pending) >= IN_FLIGHT:
             pending[0].result()
-        number = len(self.parts) + 1
-        self.parts.append(self.pool.submit(self._upload_part, number, part))
-
-    def _upload_part(self, number: int, part: bytes) -> dict[str, Any]:
-        answer = self.client.upload_part(
-            Bucket=self.spec.bucket, Key=self.key, UploadId=self.upload_id, PartNumber=number, Body=part
-        )
-        return {"PartNumber": number, "ETag": answer["ETag"]}
+        key = piece_key(self.key, len(self.pieces) + 1)
+        self.pieces.append(self.pool.submit(put_bytes, self.client, self.spec, key, piece))
 
     def finish(self) -> StoredObject:
         try:
-            if self.upload_id is None:
-                self.client.put_object(
-                    Bucket=self.spec.bucket,
-                    Key=self.key,
-                    Body=bytes(self.buffer),
-                    **encryption_args(self.spec),
-                )
-            else:
-                if self.buffer:
-                    self._send(bytes(self.buffer))
-                parts = [p.result() for p in self.parts]
-                self.client.complete_multipart_upload(
-                    Bucket=self.spec.bucket,
-                    Key=self.key,
-                    UploadId=self.upload_id,
-                    MultipartUpload={"Parts": parts},
-                )
+            if self.buffer or not self.pieces:  # an empty stream is one empty piece
+                self._send(bytes(self.buffer))
+            pieces = tuple(p.result() for p in self.pieces)
         except BaseException:
             self.abort()
             raise
         self.pool.shutdown()
         self.buffer.clear()
-        return StoredObject(self.key, self.size, self.digest.hexdigest())
+        return StoredObject(self.key, self.size, self.digest.hexdigest(), pieces)
 
     def abort(self) -> None:
+        """Deletes the pieces written so far (a failed Backup's cleanup removes them too)."""
         self.pool.shutdown(cancel_futures=True)
-        if self.upload_id is not None:
-            # On failure, the Backup's cleanup or the storage's lifecycle rules remove it.
-            with contextlib.suppress(BotoCoreError, ClientError):
-                self.client.abort_multipart_upload(
-                    Bucket=self.spec.bucket, Key=self.key, UploadId=self.upload_id
-                )
+        done = [p for p in self.pieces if p.done() and not p.cancelled()]
+        written = [p.result().key for p in done if not p.exception()]
+        with contextlib.suppress(BotoCoreError, ClientError):
+            for start in range(0, len(written), 1000):
+                batch = [{"Key": key} for key in written[start : start + 1000]]
+                self.client.delete_objects(Bucket=self.spec.bucket, Delete={"Objects": batch})
 
 
 def put_bytes(client: Any, spec: S3Spec, key: str, data: bytes) -> StoredObject:

@@ -22,13 +22,15 @@ import psycopg
 import pytest
 from lightkube import Client
 from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.batch_v1 import Job
 from lightkube.resources.core_v1 import Event, Pod, Secret, Service
-from lightkube.types import PatchType
+from lightkube.types import CascadeType, PatchType
 
 from backup.drivers import postgres_replace
 from backup.plan import BackupPlanKind
-from backup.resources import BackupKind, BackupStorageKind, RestoreKind
-from e2e.kube import REPO, wait_gone, wait_until
+from backup.resources import BackupKind, BackupStorageKind
+from backup.restore import RestoreKind
+from e2e.kube import REPO, get_or_none, wait_gone, wait_until
 from e2e.node import kill_command
 from e2e.operator_process import OperatorProcess
 from e2e.s3 import s3_api, s3_settings
@@ -104,14 +106,16 @@ def connect_db(kube: Client, namespace: str, instance: str, database: str) -> ps
 
 def sql(kube: Client, namespace: str, instance: str, statement: str, database: str = "postgres") -> Any:
     """The first value of `statement`, run as the instance's superuser through `<instance>-rw`;
-    retried while the Service's endpoints settle (kube-proxy follows a new pod within seconds)."""
+    retried while the Service's endpoints settle (kube-proxy follows a new pod within seconds;
+    before it programs a new Service, the host's default route answers in its place)."""
     deadline = time.monotonic() + 30
     while True:
         try:
             conn = connect_db(kube, namespace, instance, database)
             break
         except psycopg.OperationalError as error:
-            if "Connection refused" not in str(error) or time.monotonic() > deadline:
+            settling = ("Connection refused", "invalid response to SSL negotiation", "timeout expired")
+            if not any(text in str(error) for text in settling) or time.monotonic() > deadline:
                 raise
             time.sleep(0.5)
     with conn:
@@ -159,6 +163,11 @@ def seed(kube: Client, namespace: str, instance: str) -> tuple[str, str]:
     )
 
 
+def stored_key(manifest: dict[str, Any], name: str) -> str:
+    """The key of the first piece the manifest's object `name` was stored as."""
+    return next(o for o in manifest["objects"] if o["name"] == name)["pieces"][0]["key"]
+
+
 def test_logical_backup_restores_into_a_new_instance_with_identical_data(
     kube: Client, namespace: str, operator: OperatorProcess, bucket: str
 ) -> None:
@@ -181,13 +190,18 @@ def test_logical_backup_restores_into_a_new_instance_with_identical_data(
     assert done["version"].startswith("17")
     assert ready_condition(kube, Backup, namespace, "demo-now")["reason"] == "Completed"
 
-    # The manifest, written last, names every object with its size and sha256.
+    # The manifest, written last, names every object with its size and sha256, and the pieces
+    # it is stored as with theirs.
     api = s3_api(s3_settings())
     manifest = json.loads(api.get_object(Bucket=bucket, Key=done["manifest"])["Body"].read())
     assert manifest["method"] == "logical"
     assert {d["name"] for d in manifest["details"]["databases"]} >= {"postgres", "shop"}
     for entry in manifest["objects"]:
-        body = api.get_object(Bucket=bucket, Key=entry["key"])["Body"].read()
+        pieces = [api.get_object(Bucket=bucket, Key=p["key"])["Body"].read() for p in entry["pieces"]]
+        assert [(len(b), hashlib.sha256(b).hexdigest()) for b in pieces] == [
+            (p["size"], p["sha256"]) for p in entry["pieces"]
+        ]
+        body = b"".join(pieces)
         assert (len(body), hashlib.sha256(body).hexdigest()) == (entry["size"], entry["sha256"])
     assert sum(o["size"] for o in manifest["objects"]) == done["bytes"]
 
@@ -241,9 +255,8 @@ def test_physical_backup_records_its_wal_positions(
     assert "BackupStorage s3 does not exist" in wait_reason(
         kube, Backup, namespace, "nightly-1", "StorageNotFound"
     )
-    storage_spec = {
-        "s3": {"endpoint": s3_settings()["S3_ENDPOINT"], "bucket": bucket, "credentialsSecret": "s3-creds"}
-    }
+    s3 = {"endpoint": s3_settings()["S3_ENDPOINT"], "bucket": bucket, "credentialsSecret": "s3-creds"}
+    storage_spec = {"s3": {**s3, "pieceSizeMiB": 1}}  # the objects stored as several pieces
     apply(kube, BackupStorage, namespace, "s3", storage_spec)
     done = wait_phase(kube, Backup, namespace, "nightly-1", "Completed")
     assert done["method"] == "physical"  # the default
@@ -255,9 +268,12 @@ def test_physical_backup_records_its_wal_positions(
     manifest = json.loads(api.get_object(Bucket=bucket, Key=done["manifest"])["Body"].read())
     assert manifest["physical"]["startLsn"] == done["physical"]["startLsn"]
     (base,) = manifest["objects"]
-    data = api.get_object(Bucket=bucket, Key=base["key"])["Body"].read()
-    assert hashlib.sha256(data).hexdigest() == base["sha256"]
     assert base["name"] == "base.tar.zst"
+    pieces = [api.get_object(Bucket=bucket, Key=p["key"])["Body"].read() for p in base["pieces"]]
+    assert len(pieces) > 1
+    assert [hashlib.sha256(p).hexdigest() for p in pieces] == [p["sha256"] for p in base["pieces"]]
+    data = b"".join(pieces)
+    assert hashlib.sha256(data).hexdigest() == base["sha256"]
     tar_bytes = subprocess.run(["zstd", "-dc"], input=data, capture_output=True, check=True).stdout
     with tarfile.open(fileobj=io.BytesIO(tar_bytes)) as tar:
         names = set(tar.getnames())
@@ -297,6 +313,17 @@ def test_physical_backup_records_its_wal_positions(
     refused = wait_phase(kube, Restore, namespace, "copy17", "Failed")
     assert refused["reason"] == "TargetRefused"
     assert "spec.target.spec: version 17" in refused["message"]
+    # Nor replace a running 17's data: refused before anything is read or stopped.
+    create(kube, namespace, "running17", {"version": "17", "storage": {"size": "1Gi"}})
+    wait_ready(kube, namespace, "running17", 1)
+    pod = kube.get(Pod, "running17-0", namespace=namespace).metadata.uid
+    over17 = {"kind": "Postgres", "name": "running17", "replace": True}
+    apply(kube, Restore, namespace, "over17", {"backup": "nightly-2", "target": over17})
+    refused = wait_phase(kube, Restore, namespace, "over17", "Failed")
+    assert refused["reason"] == "TargetRefused"
+    assert "spec.target.name: Postgres running17 is at version 17" in refused["message"]
+    assert kube.get(Pod, "running17-0", namespace=namespace).metadata.uid == pod
+    assert get_or_none(kube, Job, "over17-verify", namespace) is None
 
 
 def test_storage_faults_fail_with_a_clear_reason_and_leave_nothing(
@@ -436,7 +463,7 @@ def test_a_tampered_backup_is_refused_before_anything_is_restored(
     api = s3_api(s3_settings())
     manifest = json.loads(api.get_object(Bucket=bucket, Key=done["manifest"])["Body"].read())
     shop = next(d["object"] for d in manifest["details"]["databases"] if d["name"] == "shop")
-    key = next(o["key"] for o in manifest["objects"] if o["name"] == shop)
+    key = stored_key(manifest, shop)
     data = bytearray(api.get_object(Bucket=bucket, Key=key)["Body"].read())
     data[len(data) // 2] ^= 0xFF  # one flipped byte
     api.put_object(Bucket=bucket, Key=key, Body=bytes(data))
@@ -538,7 +565,7 @@ def test_a_restore_test_fails_loudly_on_a_tampered_backup(
     kube.patch(BackupPlan, "p", {"spec": {"suspend": True}}, namespace=namespace, patch_type=PatchType.MERGE)
     api = s3_api(s3_settings())
     manifest = json.loads(api.get_object(Bucket=bucket, Key=backup["status"]["manifest"])["Body"].read())
-    key = next(o["key"] for o in manifest["objects"] if o["name"] == "globals.sql")
+    key = stored_key(manifest, "globals.sql")
     api.put_object(Bucket=bucket, Key=key, Body=b"-- nothing here\n")
     # Suspended: nothing newer comes; the restore test now runs on the tampered backup.
     kube.patch(
@@ -628,17 +655,18 @@ def test_a_restore_replaces_an_instances_databases_and_puts_them_back_when_it_fa
     assert sql(kube, namespace, "demo", CHECKSUM, database="shop") == damaged
     nothing_left_over()
 
-    # Deleted while it runs: its Job is stopped and the instance's own data put back before the
-    # Restore goes.
+    # Deleted while it runs, in the foreground (the garbage collector deletes its Jobs as they
+    # come): its Job is stopped and the instance's own data put back before the Restore goes.
     apply(kube, Restore, namespace, "withdrawn", {"backup": "before", "target": target, "check": slow_check})
     wait_until("the restore checking", checking("withdrawn"), timeout=240, interval=0.5)
     assert sql(kube, namespace, "demo", ASIDE) == 1
-    kube.delete(Restore, "withdrawn", namespace=namespace)
+    kube.delete(Restore, "withdrawn", namespace=namespace, cascade=CascadeType.FOREGROUND)
     wait_gone(kube, Restore, "withdrawn", namespace, timeout=240)
     assert sql(kube, namespace, "demo", CHECKSUM, database="shop") == damaged
     nothing_left_over()
     withdrawn = kube.list(Event, namespace=namespace, fields={"involvedObject.name": "withdrawn"})
     assert any(e.reason == "Withdrawn" and "holds its own data again" in (e.message or "") for e in withdrawn)
+    wait_gone(kube, Job, "withdrawn-rollback", namespace, timeout=60)  # nothing of it stays
 
     # The restore that succeeds: the backup's data; the database it does not hold, untouched.
     apply(kube, Restore, namespace, "undo-the-deploy", {"backup": "before", "target": target})
@@ -697,19 +725,31 @@ def test_a_physical_backup_replaces_a_running_instance_and_is_undone_when_it_fai
     assert (record["mode"], record["phase"], record["pod"]) == ("rollback", "RolledBack", primary)
     holds_its_own_data()
 
-    # A corrupted backup: the pod checks every object before it moves anything.
+    # A corrupted backup: every object is checked before the instance stops, so it never does.
     apply(kube, Backup, namespace, "spoilt", {"service": service, "storage": "s3", "method": "physical"})
     spoilt = wait_phase(kube, Backup, namespace, "spoilt", "Completed")
     api = s3_api(s3_settings())
     manifest = json.loads(api.get_object(Bucket=bucket, Key=spoilt["manifest"])["Body"].read())
-    (base,) = manifest["objects"]
-    data = bytearray(api.get_object(Bucket=bucket, Key=base["key"])["Body"].read())
+    key = stored_key(manifest, "base.tar.zst")
+    data = bytearray(api.get_object(Bucket=bucket, Key=key)["Body"].read())
     data[len(data) // 2] ^= 0xFF
-    api.put_object(Bucket=bucket, Key=base["key"], Body=bytes(data))
+    api.put_object(Bucket=bucket, Key=key, Body=bytes(data))
+
+    def pods_as_they_run() -> dict[str, tuple[str, int]]:
+        pods = kube.list(Pod, namespace=namespace, labels={"app.kubernetes.io/instance": "demo"})
+        return {
+            p.metadata.name: (p.metadata.uid, sum(c.restartCount for c in p.status.containerStatuses or []))
+            for p in pods
+        }
+
+    serving = pods_as_they_run()
     apply(kube, Restore, namespace, "corrupted", {"backup": "spoilt", "target": target})
     failed = wait_phase(kube, Restore, namespace, "corrupted", "Failed", timeout=600)
     assert failed["reason"] == "ChecksumMismatch", failed
-    assert base["key"] in failed["message"]
+    assert key in failed["message"]
+    assert "Postgres demo was not stopped" in failed["message"]
+    assert pods_as_they_run() == serving
+    assert "inPlace" not in failed
     holds_its_own_data()
 
     # Deleted while its check runs: the check's Job stops, the instance gets its own data back,

@@ -78,8 +78,9 @@ def replace_in_place(
     fetch: Callable[[], tuple[Manifest, Source]],
     bootstrap: Callable[[Manifest, Source], dict[str, Any]],
 ) -> dict[str, Any]:
-    """The init container's work for one pod; `fetch` reads the manifest and checks every
-    object before anything is moved, `bootstrap` puts the backup in place of PGDATA."""
+    """The init container's work for one pod; `fetch` reads the manifest (and checks every
+    object, unless a Job did before the instance stopped), `bootstrap` puts the backup in place
+    of PGDATA, checking it again as it streams: a mismatch then leaves the old data aside."""
     volume = Volume(Path(os.environ["PGDATA"]), token)
     restoring_pod = os.environ.get("POD_NAME") == os.environ.get("RESTORE_POD")
     marker = volume.marked()
@@ -92,7 +93,7 @@ def replace_in_place(
             shutil.rmtree(volume.aside)
         return {**result, "committed": marker == COMMITTED, "marker": marker}
     if step == TAKE_BACKUP:
-        manifest, source = fetch()  # every object checked: nothing was moved before this
+        manifest, source = fetch()  # nothing was moved before this
         if not volume.aside.exists():
             volume.pgdata.rename(volume.aside)
         # A PGDATA beside the aside copy is an earlier attempt's: bootstrap replaces it.

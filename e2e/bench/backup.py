@@ -7,7 +7,8 @@ Job from the same image with the same resources, on the same node:
                     plain: pg_dump -Fc | boto3 upload_fileobj from stdin (what `aws s3 cp -` does)
   logical restore   ours: a `Restore` into a new instance (every checksum read first, then
                     pg_restore from the stream); plain: boto3 download | pg_restore
-  physical backup   ours: a `Backup` (pg_basebackup -Ft -X fetch, zstd by the server, to S3)
+  physical backup   ours: a `Backup` (pg_basebackup -Ft -X fetch, zstd by the server, to S3 as
+                    16 MiB pieces)
                     plain: pg_basebackup -Ft -X fetch to the pod's local disk, uncompressed;
                     and pg_basebackup -Ft -D - | boto3 upload_fileobj (to S3, uncompressed)
   physical restore  ours: a `Restore`: the new instance's init container reads the object
@@ -44,9 +45,9 @@ UPLOAD = (
     "import boto3, os, sys; boto3.client('s3', endpoint_url=os.environ['S3_ENDPOINT'])"
     ".upload_fileobj(sys.stdin.buffer, os.environ['BUCKET'], sys.argv[1])"
 )
-DOWNLOAD = (
-    "import boto3, os, sys; boto3.client('s3', endpoint_url=os.environ['S3_ENDPOINT'])"
-    ".download_fileobj(os.environ['BUCKET'], sys.argv[1], sys.stdout.buffer)"
+DOWNLOAD = (  # each key given, in order, to stdout
+    "import boto3, os, sys; s3 = boto3.client('s3', endpoint_url=os.environ['S3_ENDPOINT'])\n"
+    "for key in sys.argv[1:]: s3.download_fileobj(os.environ['BUCKET'], key, sys.stdout.buffer)"
 )
 
 
@@ -234,10 +235,10 @@ def scenario(kube: Client, namespace: str, bucket: str, size_mb: int, small_mb: 
     ours_physical_restore = json.loads(init["state"]["terminated"]["message"])["result"]
     manifest_key = status_of(kube, namespace, "physical")["manifest"]
     manifest = json.loads(s3_api(s3_settings()).get_object(Bucket=bucket, Key=manifest_key)["Body"].read())
-    base_key = manifest["objects"][0]["key"]
+    base_keys = " ".join(piece["key"] for piece in manifest["objects"][0]["pieces"])
     plain_physical_restore = plain_job(
         kube, namespace, "plain-untar",
-        f'mkdir /scratch/data && python3 -c "{DOWNLOAD}" {base_key} | zstd -dc | tar -x -C /scratch/data',
+        f'mkdir /scratch/data && python3 -c "{DOWNLOAD}" {base_keys} | zstd -dc | tar -x -C /scratch/data',
         bucket, [],
     )  # fmt: skip
 

@@ -50,7 +50,7 @@ def init_outcome(pod: dict[str, Any] | None) -> tuple[str, dict[str, Any]] | Non
     return None
 
 
-POD_ANNOTATION = "statefleet.dev/restore-in-place"  # on the pod template: token/mode/pod
+POD_ANNOTATION = "statefleet.dev/restore-step"  # on the pod template: token/mode/pod
 
 
 def pod_annotation(env: dict[str, str]) -> str:

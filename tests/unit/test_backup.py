@@ -16,10 +16,11 @@ from backup.drivers.postgres import (
 )
 from backup.drivers.postgres_replace import ReplaceState, aside_name, parse_state, under_way
 from backup.job import build_job, job_name, job_state, last_progress
-from backup.manifest import Manifest, ManifestObject, location, manifest_key
-from backup.resources import BackupSpec, RestoreSpec, replace_refusal, replace_token, seconds_between
+from backup.manifest import Manifest, ManifestObject, Piece, location, manifest_key
+from backup.resources import BackupSpec, seconds_between
+from backup.restore import RestoreSpec, replace_refusal, replace_token
 from backup.run import bounded
-from backup.storage import S3Spec, encryption_args, object_key
+from backup.storage import S3Spec, encryption_args, object_key, piece_key
 
 pytestmark = pytest.mark.unit
 
@@ -55,6 +56,18 @@ def test_the_manifest_round_trips_with_sizes_checksums_and_wal_positions() -> No
     again = Manifest.model_validate_json(manifest.to_json())
     assert again == manifest
     assert again.size == 10
+
+
+def test_an_object_is_read_as_its_pieces_or_as_one_key_from_an_older_manifest() -> None:
+    pieces = [Piece(key=piece_key("k/base.tar", n), size=5, sha256=f"{n:064x}") for n in (1, 2)]
+    stored = ManifestObject(name="base.tar", key="k/base.tar", size=10, sha256="ab" * 32, pieces=pieces)
+    assert [p.key for p in stored.stored_pieces()] == ["k/base.tar.000001", "k/base.tar.000002"]
+    older = ManifestObject.model_validate(
+        {"name": "base.tar", "key": "k/base.tar", "size": 10, "sha256": "cd" * 32}
+    )
+    assert older.stored_pieces() == [Piece(key="k/base.tar", size=10, sha256="cd" * 32)]
+    with pytest.raises(ValidationError, match="pieceSizeMiB"):
+        S3Spec.model_validate({"bucket": "backups", "credentialsSecret": "s", "pieceSizeMiB": 512})
 
 
 def test_storage_settings_name_the_bad_field() -> None:
@@ -173,6 +186,30 @@ def test_a_failed_job_says_why() -> None:
     late = {"status": {"conditions": [{"type": "Failed", "status": "True", "reason": "DeadlineExceeded"}]}}
     assert job_state(late, None).reason == "DeadlineExceeded"
     assert job_state({"status": {"active": 1}}, None).phase == "Running"
+
+
+def test_a_job_with_retries_left_is_still_running_after_a_failed_pod() -> None:
+    error = {"reason": "OperationalError", "message": "the server is starting"}
+    report = pod_ended(json.dumps({"error": error}))
+    retrying = {"spec": {"backoffLimit": 3}, "status": {"failed": 1, "active": 0}}
+    assert job_state(retrying, report).phase == "Running"
+    spent = {"spec": {"backoffLimit": 3}, "status": {"failed": 4}}
+    assert (job_state(spent, report).phase, job_state(spent, report).reason) == ("Failed", "OperationalError")
+    rollback = build_job(
+        owner_kind="Restore",
+        owner=BACKUP,
+        action="rollback",
+        request={"action": "rollback"},
+        storage=S3,
+        service_env=[],
+        image="localhost/statefleet/operator:abc",
+        retries=3,
+        owned_by=("Postgres", {"metadata": {"name": "demo", "uid": "u-demo"}}),
+    )
+    assert rollback["spec"]["backoffLimit"] == 3
+    # Named after the Restore, owned by the instance.
+    assert rollback["metadata"]["name"] == "demo-now-rollback"
+    assert [(o["kind"], o["name"]) for o in rollback["metadata"]["ownerReferences"]] == [("Postgres", "demo")]
 
 
 def test_progress_is_the_last_progress_line() -> None:

@@ -17,7 +17,7 @@ from backup.drivers.postgres_in_place import (
     TAKE_BACKUP,
     plan_volume,
 )
-from backup.resources import RestoreSpec, replace_refusal
+from backup.restore import RestoreSpec, replace_refusal
 from framework.catalog import Catalog
 from framework.plugin import Observed
 from framework.reconcile import plan
