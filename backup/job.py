@@ -1,8 +1,10 @@
 """The Jobs that take and restore backups (pure builders), and what their pods tell when they end.
 
 A Job runs the Statefleet image's `python -m backup` once (no retries inside the Job: a
-`BackupPlan` retries with backoff, a failed `Backup` stays failed and says why). It is owned by
-the `Backup` or `Restore` it serves, so it goes with it.
+`BackupPlan` retries with backoff, a failed `Backup` stays failed and says why), but for a
+replacing restore's rollback, which is idempotent and retried. It is owned by the `Backup` or
+`Restore` it serves, so it goes with it; a rollback started while its Restore is being deleted
+is owned by the instance instead, and deleted by the Restore's finalizer.
 """
 
 from __future__ import annotations

@@ -328,7 +328,16 @@ class RestoreKind(JobKind):
     async def finalize(self, client: AsyncClient, body: dict[str, Any], spec: RestoreSpec) -> Outcome:
         """Deleted while it replaced an instance's databases: its Job is stopped (and gone, pod
         and all, so it holds nothing) and the instance gets its own data back before the Restore
-        goes. Any other Restore goes at once."""
+        goes. Any other Restore goes at once. Either way it leaves nothing of its own on the
+        instance (its request, a rollback Job the instance owns)."""
+        outcome = await self.undo_before_going(client, body, spec)
+        if outcome.ready:
+            await self.leave_nothing_behind(client, body, spec)
+        return outcome
+
+    async def undo_before_going(
+        self, client: AsyncClient, body: dict[str, Any], spec: RestoreSpec
+    ) -> Outcome:
         status = body.get("status") or {}
         if status.get("phase") != RUNNING or not status.get("replacing"):
             return Outcome(True, "Finalized", "nothing to undo")
@@ -353,18 +362,26 @@ class RestoreKind(JobKind):
         else:
             s3, _ = await storage_client(client, namespace, BackupSpec.model_validate(backup["spec"]).storage)
             outcome = await self.roll_back(client, body, plugin, target, s3, deleted)
-            if outcome.reason != "RollingBack":  # its rollback Job, owned by the target, goes now
-                with contextlib.suppress(ApiError):
-                    await client.delete(
-                        Job,
-                        job_name(meta["name"], "rollback"),
-                        namespace=namespace,
-                        cascade=CascadeType.BACKGROUND,
-                    )
         if outcome.reason == "RollingBack":
             return outcome
         note = EventNote("Normal" if outcome.ready else "Warning", "Withdrawn", outcome.message)
         return Outcome(True, "Withdrawn", outcome.message, events=(note,))
+
+    async def leave_nothing_behind(
+        self, client: AsyncClient, body: dict[str, Any], spec: RestoreSpec
+    ) -> None:
+        """Its rollback Job (owned by the instance when started while the Restore was being
+        deleted) and its request on the instance (a claim whose step was never recorded: the
+        instance then undoes what it started by itself) go with the Restore."""
+        meta = body["metadata"]
+        with contextlib.suppress(ApiError):
+            rollback = job_name(meta["name"], "rollback")
+            await client.delete(Job, rollback, namespace=meta["namespace"], cascade=CascadeType.BACKGROUND)
+        plugin = self.plugins.get(spec.target.kind)
+        target = plugin and await get_or_none(client, plugin.resource(), spec.target.name, meta["namespace"])
+        asked = in_place.request_of((target or {}).get("metadata", {}).get("annotations"))
+        if plugin and target and asked and asked["token"] == replace_token(meta["uid"]):
+            await self.ask(client, plugin, target, None)
 
     async def roll_back(
         self,
@@ -468,46 +485,52 @@ class RestoreKind(JobKind):
         waiting = frozenset({Ref(plugin.kind, spec.target.name)})
         step = status.get("inPlace")
         if step is None:
-            if in_place.under_way(record) and not ours:
+            asked = in_place.request_of(target["metadata"].get("annotations"))
+            claimed = asked is not None and asked["token"] == token  # on an earlier pass
+            other = asked["restore"] if asked and not claimed else record.get("restore")
+            if (asked and not claimed) or (in_place.under_way(record) and not ours):
+                # Another Restore asks for the instance (until it completes or fails, while its
+                # check runs too) or the instance is still busy with one.
                 return Outcome(
                     False,
                     "TargetBusy",
-                    f"{instance} is being restored by Restore {record.get('restore')}",
+                    f"{instance} is being restored by Restore {other}",
                     depends_on=waiting,
                     retry_in=15,
                     fields={"phase": PENDING},
                 )
-            running = str((target.get("status") or {}).get("version") or "")
-            try:  # a data directory starts on its own major version only
-                plugin.restored_spec({"version": running}, str(backup_version), "physical")
-            except ValueError as error:
-                return self.failed("TargetRefused", f"spec.target.name: {instance} is at {error}")
-            if not ready_condition(target):
-                return Outcome(
-                    False,
-                    "TargetNotReady",
-                    f"{instance} is not ready yet",
-                    depends_on=waiting,
-                    retry_in=15,
-                    fields={"phase": PENDING},
-                )
-            verifying = await self.verify_before_stop(client, body, spec, instance, s3, location_prefix)
-            if verifying is not None:
-                return verifying
-            # The claim first, on the instance as it was read: of two Restores asking at once,
-            # one gets a conflict and finds the other's restore under way on its next pass.
-            claimed = await self.ask(
-                client, plugin, target, in_place.request(token, meta["name"], in_place.RESTORE), claim=True
-            )
             if not claimed:
-                return Outcome(
-                    False,
-                    "TargetBusy",
-                    f"{instance} changed while this Restore asked for it: it looks again",
-                    depends_on=waiting,
-                    retry_in=3,
-                    fields={"phase": PENDING},
-                )
+                running = str((target.get("status") or {}).get("version") or "")
+                try:  # a data directory starts on its own major version only
+                    plugin.restored_spec({"version": running}, str(backup_version), "physical")
+                except ValueError as error:
+                    return self.failed("TargetRefused", f"spec.target.name: {instance} is at {error}")
+                if not ready_condition(target):
+                    return Outcome(
+                        False,
+                        "TargetNotReady",
+                        f"{instance} is not ready yet",
+                        depends_on=waiting,
+                        retry_in=15,
+                        fields={"phase": PENDING},
+                    )
+                verifying = await self.verify_before_stop(client, body, spec, instance, s3, location_prefix)
+                if verifying is not None:
+                    return verifying
+                # The claim, on the instance as it was read: of two Restores asking at once, one
+                # gets a conflict and finds the other's request on its next pass.
+                request = in_place.request(token, meta["name"], in_place.RESTORE)
+                if not await self.ask(client, plugin, target, request, claim=True):
+                    return Outcome(
+                        False,
+                        "TargetBusy",
+                        f"{instance} changed while this Restore asked for it: it looks again",
+                        depends_on=waiting,
+                        retry_in=3,
+                        fields={"phase": PENDING},
+                    )
+            # Claimed (now or on a pass that ended before its status was written): the request
+            # for the pods, then the step recorded.
             await self.ensure_bootstrap_secret(client, target, s3, plugin, location_prefix, replace=token)
             message = (
                 f"{instance} stops; its primary's data is kept aside (…before-{token}) and Backup "
@@ -605,6 +628,13 @@ class RestoreKind(JobKind):
             )
         if state.phase == FAILED:
             return self.failed(state.reason, f"{state.message}; {instance} was not stopped")
+        verified = ((state.result or {}).get("details") or {}).get("location")
+        if verified != location_prefix:  # the Backup was made again under its name meanwhile
+            return self.failed(
+                "BackupChanged",
+                f"Job {name} verified {verified}, Backup {spec.backup} is now at {location_prefix}; "
+                f"{instance} was not stopped",
+            )
         return None
 
     async def roll_back_in_place(

@@ -5,7 +5,7 @@ as AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, the service's connection as its 
 Progress goes to stdout as JSON lines (the operator reads the last one); the outcome goes to
 the pod's termination message, where the operator reads it when the Job ends.
 
-Backup: the driver streams each object to S3 (multipart, sha256 on the way), then the manifest
+Backup: the driver streams each object to S3 (as pieces, sha256 on the way), then the manifest
 is written, last. Restore: the manifest is read, every object is read once and checked against
 its sha256 before the driver applies anything, and checked again while it is applied. A restore
 that replaces an instance's data keeps that data aside until the restore and its check
@@ -253,7 +253,8 @@ def verify_backup(request: dict[str, Any], client: Any, spec: S3Spec) -> dict[st
     """Before an instance stops for a restore in place: is every object what the manifest says."""
     manifest = read_manifest(client, spec, request["location"])
     verify_objects(client, spec, manifest)
-    return {"bytes": manifest.size, "objects": len(manifest.objects), "details": {"method": manifest.method}}
+    details = {"method": manifest.method, "location": request["location"]}
+    return {"bytes": manifest.size, "objects": len(manifest.objects), "details": details}
 
 
 def bootstrap(request: dict[str, Any], client: Any, spec: S3Spec) -> dict[str, Any]:

@@ -8,6 +8,7 @@ boto3 blocks: the operator calls it through `asyncio.to_thread`, the backup jobs
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import hashlib
 from collections.abc import Iterator
@@ -53,7 +54,7 @@ class S3Spec(ApiModel):
         ge=1,
         le=64,
         description="Objects are stored as pieces of this many MiB (fewer objects with bigger ones; "
-        "a backup Job holds four in memory).",
+        "a backup Job holds up to four in memory).",
     )
 
 
@@ -140,12 +141,12 @@ def piece_key(key: str, number: int) -> str:
 class Upload:
     """One object written as a stream of pieces: `write` as the bytes come, `finish` once,
     `abort` on failure. Each piece of `piece_size` bytes is a plain object of its own
-    (`<key>.000001`, ...), up to IN_FLIGHT of them uploading while the next one fills, so memory
-    stays bounded whatever the size. Not a multipart upload: completing one makes some S3
-    servers (file-system backed ones, the test bed's among them) copy every part into the final
-    object, all of it at the very end of the backup; and an object is not limited to 10,000
-    parts. The whole stream's sha256 and each piece's are
-    kept for the manifest."""
+    (`<key>.000001`, ...), up to IN_FLIGHT of them uploading while the next one fills: at most
+    IN_FLIGHT + 1 pieces in memory whatever the size. Not a multipart upload: completing one
+    makes some S3 servers (file-system backed ones, the test bed's among them) copy every part
+    into the final object, all of it at the very end of the backup; and an object is not
+    limited to 10,000 parts. The whole stream's sha256 and each piece's are kept for the
+    manifest. A piece that failed stops the upload at the next piece, not at the end."""
 
     def __init__(self, client: Any, spec: S3Spec, key: str) -> None:
         self.client, self.spec, self.key = client, spec, key
@@ -154,6 +155,7 @@ class Upload:
         self.digest = hashlib.sha256()
         self.size = 0
         self.pieces: list[Future[StoredObject]] = []
+        self.in_flight: collections.deque[Future[StoredObject]] = collections.deque()
         self.pool = ThreadPoolExecutor(max_workers=IN_FLIGHT, thread_name_prefix="upload")
 
     def write(self, data: bytes) -> None:
@@ -161,21 +163,32 @@ class Upload:
         self.size += len(data)
         self.buffer += data
         while len(self.buffer) >= self.piece_size:
-            self._send(bytes(self.buffer[: self.piece_size]))
+            self._make_room()  # before the copy: memory stays at IN_FLIGHT + 1 pieces
+            with memoryview(self.buffer) as view:
+                piece = bytes(view[: self.piece_size])
             del self.buffer[: self.piece_size]
+            self._submit(piece)
 
-    def _send(self, piece: bytes) -> None:
-        # Bounded memory: wait for the oldest piece once IN_FLIGHT are on their way.
-        pending = [p for p in self.pieces if not p.done()]
-        if len(pending) >= IN_FLIGHT:
-            pending[0].result()
+    def _make_room(self) -> None:
+        """Waits for the oldest piece while IN_FLIGHT are on their way; raises the failure of
+        any piece that ended."""
+        while self.in_flight and (len(self.in_flight) >= IN_FLIGHT or self.in_flight[0].done()):
+            self.in_flight.popleft().result()
+        for piece in self.in_flight:
+            if piece.done() and piece.exception():
+                piece.result()
+
+    def _submit(self, piece: bytes) -> None:
         key = piece_key(self.key, len(self.pieces) + 1)
-        self.pieces.append(self.pool.submit(put_bytes, self.client, self.spec, key, piece))
+        future = self.pool.submit(put_bytes, self.client, self.spec, key, piece)
+        self.pieces.append(future)
+        self.in_flight.append(future)
 
     def finish(self) -> StoredObject:
         try:
             if self.buffer or not self.pieces:  # an empty stream is one empty piece
-                self._send(bytes(self.buffer))
+                self._make_room()
+                self._submit(bytes(self.buffer))
             pieces = tuple(p.result() for p in self.pieces)
         except BaseException:
             self.abort()
