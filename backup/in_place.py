@@ -63,3 +63,21 @@ def record_for(instance: dict[str, Any], token: str) -> dict[str, Any]:
     """The instance's answer to the restore `token` names, {} when it answers another or none."""
     record = record_of(instance)
     return record if record.get("token") == token else {}
+
+
+def held_by(annotations: dict[str, str] | None, record: dict[str, Any], token: str) -> str | None:
+    """The Restore that holds the instance against the restore `token` names, None when it is
+    free: another Restore's request until that restore ended (rolled back, committed, or its
+    rollback failed: what it kept aside then waits for a person, not for it), or a record
+    still under way."""
+    asked = request_of(annotations)
+    if asked and asked["token"] != token:
+        theirs = record if record.get("token") == asked["token"] else {}
+        ended = theirs.get("phase") in (ROLLED_BACK, COMMITTED) or (
+            theirs.get("phase") == FAILED and theirs.get("mode") == ROLLBACK
+        )
+        if not ended:
+            return asked["restore"]
+    if under_way(record) and record.get("token") != token:
+        return str(record.get("restore"))
+    return None

@@ -213,7 +213,9 @@ class RestoreKind(JobKind):
         try:
             s3, _ = await storage_client(client, namespace, backup_spec.storage)
         except StorageError as error:
-            return Outcome(False, error.reason, str(error), retry_in=30, fields={"phase": PENDING})
+            # A restore under way stays Running: its finalizer reads that.
+            fields = {} if status.get("phase") == RUNNING else {"phase": PENDING}
+            return Outcome(False, error.reason, str(error), retry_in=30, fields=fields)
         location_prefix = backup_status["manifest"].rsplit("/", 1)[0]
         target = await get_or_none(client, plugin.resource(), spec.target.name, namespace)
         if target is None:
@@ -339,7 +341,10 @@ class RestoreKind(JobKind):
         self, client: AsyncClient, body: dict[str, Any], spec: RestoreSpec
     ) -> Outcome:
         status = body.get("status") or {}
-        if status.get("phase") != RUNNING or not status.get("replacing"):
+        phase = status.get("phase")
+        replacing = phase == RUNNING and status.get("replacing")
+        in_place_step = status.get("inPlace") and phase not in (COMPLETED, FAILED)
+        if not (replacing or in_place_step):
             return Outcome(True, "Finalized", "nothing to undo")
         meta = body["metadata"]
         namespace = meta["namespace"]
@@ -378,10 +383,13 @@ class RestoreKind(JobKind):
             rollback = job_name(meta["name"], "rollback")
             await client.delete(Job, rollback, namespace=meta["namespace"], cascade=CascadeType.BACKGROUND)
         plugin = self.plugins.get(spec.target.kind)
-        target = plugin and await get_or_none(client, plugin.resource(), spec.target.name, meta["namespace"])
-        asked = in_place.request_of((target or {}).get("metadata", {}).get("annotations"))
-        if plugin and target and asked and asked["token"] == replace_token(meta["uid"]):
-            await self.ask(client, plugin, target, None)
+        with contextlib.suppress(ApiError):  # best effort: the finalizer never waits for it
+            target = plugin and await get_or_none(
+                client, plugin.resource(), spec.target.name, meta["namespace"]
+            )
+            asked = in_place.request_of((target or {}).get("metadata", {}).get("annotations"))
+            if plugin and target and asked and asked["token"] == replace_token(meta["uid"]):
+                await self.ask(client, plugin, target, None)
 
     async def roll_back(
         self,
@@ -485,12 +493,11 @@ class RestoreKind(JobKind):
         waiting = frozenset({Ref(plugin.kind, spec.target.name)})
         step = status.get("inPlace")
         if step is None:
-            asked = in_place.request_of(target["metadata"].get("annotations"))
+            annotations = target["metadata"].get("annotations")
+            asked = in_place.request_of(annotations)
             claimed = asked is not None and asked["token"] == token  # on an earlier pass
-            other = asked["restore"] if asked and not claimed else record.get("restore")
-            if (asked and not claimed) or (in_place.under_way(record) and not ours):
-                # Another Restore asks for the instance (until it completes or fails, while its
-                # check runs too) or the instance is still busy with one.
+            other = in_place.held_by(annotations, record, token)
+            if other is not None:
                 return Outcome(
                     False,
                     "TargetBusy",
@@ -629,12 +636,10 @@ class RestoreKind(JobKind):
         if state.phase == FAILED:
             return self.failed(state.reason, f"{state.message}; {instance} was not stopped")
         verified = ((state.result or {}).get("details") or {}).get("location")
-        if verified != location_prefix:  # the Backup was made again under its name meanwhile
-            return self.failed(
-                "BackupChanged",
-                f"Job {name} verified {verified}, Backup {spec.backup} is now at {location_prefix}; "
-                f"{instance} was not stopped",
-            )
+        if verified != location_prefix:  # the Backup made again meanwhile, or an older image's Job
+            with contextlib.suppress(ApiError):
+                await client.delete(Job, name, namespace=meta["namespace"], cascade=CascadeType.BACKGROUND)
+            return Outcome(False, "Verifying", f"Job {name} verified {verified}: verified again", retry_in=5)
         return None
 
     async def roll_back_in_place(

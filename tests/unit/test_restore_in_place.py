@@ -231,3 +231,25 @@ async def test_the_statefulset_index_keeps_only_the_pod_templates_annotations() 
     (kept,) = (await index_statefulset(body)).values()
     assert kept["spec"]["template"] == {"metadata": {"annotations": {POD_ANNOTATION: "x"}}}
     assert kept["spec"]["replicas"] == 0
+
+
+def test_another_restores_request_holds_the_instance_until_that_restore_ended() -> None:
+    theirs, mine = "aaaa1111", "bbbb2222"
+    asked = {in_place.ANNOTATION: in_place.request(theirs, "first", in_place.RESTORE)}
+
+    def record(mode: str, phase: str) -> dict[str, Any]:
+        return {"token": theirs, "restore": "first", "mode": mode, "phase": phase, "pod": "demo-0"}
+
+    # Claimed but not yet answered; stopping; restored and being checked: held.
+    assert in_place.held_by(asked, {}, mine) == "first"
+    assert in_place.held_by(asked, record(in_place.RESTORE, in_place.STOPPING), mine) == "first"
+    assert in_place.held_by(asked, record(in_place.RESTORE, in_place.RESTORED), mine) == "first"
+    assert in_place.held_by(asked, record(in_place.RESTORE, in_place.FAILED), mine) == "first"
+    # Ended: rolled back, committed, or a rollback that failed (its request may stay forever).
+    assert in_place.held_by(asked, record(in_place.ROLLBACK, in_place.ROLLED_BACK), mine) is None
+    assert in_place.held_by(asked, record(in_place.ROLLBACK, in_place.COMMITTED), mine) is None
+    assert in_place.held_by(asked, record(in_place.ROLLBACK, in_place.FAILED), mine) is None
+    # Its own request never holds it; a record under way for another does, request or not.
+    assert in_place.held_by(asked, record(in_place.RESTORE, in_place.STARTING), theirs) is None
+    assert in_place.held_by(None, record(in_place.ROLLBACK, in_place.STOPPING), mine) == "first"
+    assert in_place.held_by(None, record(in_place.ROLLBACK, in_place.ROLLED_BACK), mine) is None
