@@ -205,7 +205,11 @@ def backup_to_verify(
 
 
 def build_verify_restore(
-    plan_meta: dict[str, Any], spec: BackupPlanSpec, backup: dict[str, Any], at: datetime | None = None
+    plan_meta: dict[str, Any],
+    spec: BackupPlanSpec,
+    backup: dict[str, Any],
+    at: datetime | None = None,
+    throwaway: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """A Restore of `backup` into a throwaway single instance, with the plan's check; `at`, the
     verify schedule's time, tells apart the tests of one backup (and their throwaways)."""
@@ -236,7 +240,7 @@ def build_verify_restore(
             "target": {
                 "kind": spec.service.kind,
                 "name": target_name,
-                "spec": {"instances": 1, "deletionPolicy": "Delete"},
+                "spec": {**(throwaway or {}), "deletionPolicy": "Delete"},
             },
             "check": check,
         },
@@ -425,7 +429,14 @@ class BackupPlanKind(InServiceKind):
         )
         fields["nextVerifyTime"] = iso(decision.wake_at) if decision.wake_at else None
         if decision.backup:
-            restore = build_verify_restore(meta, spec, by_name[decision.backup], decision.scheduled_for)
+            verified_plugin = self.plugins.get(spec.service.kind)
+            restore = build_verify_restore(
+                meta,
+                spec,
+                by_name[decision.backup],
+                decision.scheduled_for,
+                verified_plugin.throwaway_spec if verified_plugin else None,
+            )
             try:
                 await client.create(codecs.from_dict(restore))
             except ApiError as error:

@@ -10,7 +10,6 @@ restarted operator follows the same Job. `Restore` (`backup.restore`) builds on 
 from __future__ import annotations
 
 import asyncio
-import base64
 import time
 from typing import Any
 
@@ -30,6 +29,7 @@ from framework.binding import ServiceRef
 from framework.inservice import InServiceKind, Outcome, Ref
 from framework.plugin import ServicePlugin
 from framework.reconcile import EventNote
+from framework.secrets import decoded
 from framework.spec import ApiModel, DeletionPolicy
 
 IMMUTABLE = {"x-kubernetes-validations": [{"rule": "self == oldSelf", "message": "spec is immutable"}]}
@@ -52,10 +52,6 @@ class BackupSpec(ApiModel):
         description="Delete: deleting the Backup deletes its objects. Retain keeps them.",
     )
     deadline_seconds: int = Field(default=6 * 3600, ge=60, description="The Job's time limit.")
-
-
-def decoded(secret: dict[str, Any]) -> dict[str, str]:
-    return {k: base64.b64decode(v).decode() for k, v in (secret.get("data") or {}).items()}
 
 
 async def storage_client(client: AsyncClient, namespace: str, name: str) -> tuple[S3Spec, Any]:

@@ -32,7 +32,6 @@ from backup.resources import (
     BackupKind,
     BackupSpec,
     JobKind,
-    decoded,
     now_iso,
     read_job,
     ready_condition,
@@ -43,6 +42,7 @@ from framework.api import get_or_none
 from framework.inservice import Outcome, Ref
 from framework.plugin import LABEL_INSTANCE, LABEL_NAME, ServicePlugin
 from framework.reconcile import API_VERSION, EventNote, owner_reference
+from framework.secrets import decoded
 from framework.spec import ApiModel
 
 RESTORED_BY = "statefleet.dev/restored-by"  # annotation on an instance a Restore created
@@ -114,21 +114,27 @@ def replace_token(uid: str) -> str:
     return uid.replace("-", "")[:8]
 
 
-def replace_refusal(
-    spec: RestoreSpec, kind: str, method: str, in_place_served: bool = False
-) -> tuple[str, str] | None:
+def replace_refusal(spec: RestoreSpec, plugin: ServicePlugin, method: str) -> tuple[str, str] | None:
     """Why a Restore must not go into its existing target, or None when it may."""
+    kind = plugin.kind
     if not spec.target.replace:
         return (
             "TargetExists",
             f"spec.target.name: {kind} {spec.target.name} exists: restore into a new instance, or set "
             "spec.target.replace to replace its data with the backup's",
         )
-    if method != "logical" and not in_place_served:
+    in_place = plugin.restores_in_place and method in plugin.bootstrap_methods
+    if method not in plugin.replaces_online and not in_place:
+        others = [
+            m
+            for m in plugin.backup_methods
+            if m in plugin.replaces_online or (plugin.restores_in_place and m in plugin.bootstrap_methods)
+        ]
+        alternative = f", or restore a {' or '.join(others)} backup in place" if others else ""
         return (
             "ReplaceRefused",
-            f"spec.target.replace: a {method} backup of a {kind} becomes a new instance's data; restore "
-            "it into a new instance, or restore a logical backup in place",
+            f"spec.target.replace: a {method} backup of a {kind} is restored into a new instance only; "
+            f"restore it into a new instance{alternative}",
         )
     if spec.target.spec:
         return ("ReplaceRefused", "spec.target.spec: applies to a new instance, not with spec.target.replace")
@@ -258,10 +264,10 @@ class RestoreKind(JobKind):
         replacing = (target["metadata"].get("annotations") or {}).get(RESTORED_BY) != made_by_this
         replacing = replacing or bool(status.get("replacing"))
         if replacing:
-            refusal = replace_refusal(spec, plugin.kind, method, plugin.restores_in_place)
+            refusal = replace_refusal(spec, plugin, method)
             if refusal:
                 return self.failed(*refusal)
-            if method != "logical":
+            if method in plugin.bootstrap_methods:
                 return await self.restore_in_place(
                     client,
                     body,
@@ -298,17 +304,17 @@ class RestoreKind(JobKind):
                     retry_in=15,
                     fields={"phase": PENDING},
                 )
-            # A logical backup is restored into the running instance; a physical one already is
-            # its data: the Job checks that it is this backup's cluster, and reads it.
+            # A logical backup is restored into the running instance; a physical one (a bootstrap
+            # method) already is its data: the Job checks that it is this backup's, and reads it.
             request = {
-                "action": "restore" if method == "logical" else "check",
+                "action": "check" if method in plugin.bootstrap_methods else "restore",
                 "driver": plugin.backup_driver,
                 "storage": s3.to_api(),
                 "location": location_prefix,
             }
             if replacing:
                 request["replace"] = replace_token(meta["uid"])
-            if spec.check or method != "logical":
+            if spec.check or method in plugin.bootstrap_methods:
                 request["check"] = (spec.check or RestoreCheck()).to_api()
             await self.start_job(client, body, "restore", request, s3, plugin.backup_env(spec.target.name))
             return Outcome(

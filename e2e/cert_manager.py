@@ -14,16 +14,11 @@ from lightkube.core.exceptions import ApiError
 from lightkube.models.meta_v1 import ObjectMeta, OwnerReference
 from lightkube.resources.core_v1 import ConfigMap
 
-from e2e.kube import REPO, client, kubeconfig_path, wait_gone
+from e2e.kube import REPO, client, kubeconfig_path, kubectl, wait_gone
 from framework.operator import Issuer
 
 HOME = REPO / ".testbed" / "bin" / "cert-manager"
 CRDS = HOME / "crds"
-
-
-def kubectl(*args: str) -> None:
-    command = [str(REPO / ".testbed" / "bin" / "kubectl"), "--kubeconfig", str(kubeconfig_path()), *args]
-    subprocess.run(command, check=True, capture_output=True, text=True, timeout=180)
 
 
 def uninstall() -> None:

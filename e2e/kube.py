@@ -3,6 +3,7 @@ whatever cluster KUBECONFIG names)."""
 
 from __future__ import annotations
 
+import base64
 import os
 import subprocess
 import sys
@@ -13,7 +14,7 @@ from typing import Any, TypeVar
 
 from lightkube import Client, KubeConfig
 from lightkube.core.exceptions import ApiError
-from lightkube.resources.core_v1 import Namespace, Pod
+from lightkube.resources.core_v1 import Namespace, Pod, Secret
 
 REPO = Path(__file__).resolve().parent.parent
 T = TypeVar("T")
@@ -45,6 +46,12 @@ def statefleet(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[
     env = {**os.environ, "KUBECONFIG": str(kubeconfig_path())}
     command = [sys.executable, "-m", "framework", *args]
     return subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def kubectl(*args: str, timeout: float = 180) -> str:
+    """The test bed's kubectl (`kubectl exec` into a pod, say); its output. Raises on failure."""
+    command = [str(REPO / ".testbed" / "bin" / "kubectl"), "--kubeconfig", str(kubeconfig_path()), *args]
+    return subprocess.run(command, check=True, capture_output=True, text=True, timeout=timeout).stdout
 
 
 def wait_until(what: str, probe: Callable[[], T | None], timeout: float, interval: float = 0.5) -> T:
@@ -120,3 +127,31 @@ def delete_namespace(kube: Client, name: str, wait: float = 120) -> None:
         return False
 
     wait_until(f"namespace {name} deleted", gone, wait)
+
+
+def apply(kube: Client, resource: Any, namespace: str, name: str, spec: dict[str, Any]) -> None:
+    kind = resource._api_info.resource.kind
+    body = {"apiVersion": "statefleet.dev/v1alpha1", "kind": kind, "metadata": {"name": name}, "spec": spec}
+    kube.create(resource.from_dict(body), namespace=namespace)
+
+
+def ready_condition(kube: Client, resource: Any, namespace: str, name: str) -> dict[str, Any]:
+    status = kube.get(resource, name, namespace=namespace).to_dict().get("status") or {}
+    return next((c for c in status.get("conditions") or [] if c["type"] == "Ready"), {})
+
+
+def wait_reason(
+    kube: Client, resource: Any, namespace: str, name: str, reason: str, timeout: float = 60
+) -> str:
+    """Waits for the Ready condition's reason; returns its message."""
+
+    def reached() -> str | None:
+        condition = ready_condition(kube, resource, namespace, name)
+        return condition.get("message") if condition.get("reason") == reason else None
+
+    return wait_until(f"{name}: Ready reason {reason}", reached, timeout, interval=0.5)
+
+
+def secret_data(kube: Client, namespace: str, name: str) -> dict[str, str]:
+    secret = kube.get(Secret, name, namespace=namespace)
+    return {k: base64.b64decode(v).decode() for k, v in (secret.data or {}).items()}

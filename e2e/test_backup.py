@@ -30,12 +30,11 @@ from backup.drivers import postgres_replace
 from backup.plan import BackupPlanKind
 from backup.resources import BackupKind, BackupStorageKind
 from backup.restore import RestoreKind
-from e2e.kube import REPO, get_or_none, wait_gone, wait_until
+from e2e.kube import REPO, apply, get_or_none, ready_condition, wait_gone, wait_reason, wait_until
 from e2e.node import kill_command
 from e2e.operator_process import OperatorProcess
 from e2e.s3 import s3_api, s3_settings
 from e2e.test_postgres import Postgres, create, wait_ready
-from e2e.test_postgres_users import apply, ready_condition, wait_reason
 
 pytestmark = pytest.mark.e2e
 

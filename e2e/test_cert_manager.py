@@ -14,17 +14,14 @@ from lightkube.resources.core_v1 import Secret, Service
 from lightkube.types import PatchType
 
 from e2e import cert_manager
-from e2e.kube import wait_gone, wait_until
+from e2e.kube import apply, secret_data, wait_gone, wait_reason, wait_until
 from e2e.operator_process import OperatorProcess
 from e2e.test_postgres import Postgres, create, wait_ready
 from e2e.test_postgres_users import (
     ServiceBinding,
-    apply,
     events,
-    secret_data,
     served_certificate,
     verify_full,
-    wait_reason,
 )
 from framework.operator import Certificate
 

@@ -11,7 +11,6 @@ import struct
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
 
 import psycopg
 import pytest
@@ -22,7 +21,7 @@ from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Event, Secret, Service
 from lightkube.types import PatchType
 
-from e2e.kube import get_or_none, wait_until
+from e2e.kube import apply, get_or_none, ready_condition, secret_data, wait_reason, wait_until
 from e2e.operator_process import OperatorProcess
 from e2e.test_postgres import Postgres, create, execute, query, wait_ready
 from framework.binding import ServiceBindingKind
@@ -33,34 +32,6 @@ pytestmark = pytest.mark.e2e
 
 PostgresUser = PostgresUserKind.resource()
 ServiceBinding = ServiceBindingKind.resource()
-
-
-def apply(kube: Client, resource: Any, namespace: str, name: str, spec: dict[str, Any]) -> None:
-    kind = resource._api_info.resource.kind
-    body = {"apiVersion": "statefleet.dev/v1alpha1", "kind": kind, "metadata": {"name": name}, "spec": spec}
-    kube.create(resource.from_dict(body), namespace=namespace)
-
-
-def ready_condition(kube: Client, resource: Any, namespace: str, name: str) -> dict[str, Any]:
-    status = kube.get(resource, name, namespace=namespace).to_dict().get("status") or {}
-    return next((c for c in status.get("conditions") or [] if c["type"] == "Ready"), {})
-
-
-def wait_reason(
-    kube: Client, resource: Any, namespace: str, name: str, reason: str, timeout: float = 60
-) -> str:
-    """Waits for the Ready condition's reason; returns its message."""
-
-    def reached() -> str | None:
-        condition = ready_condition(kube, resource, namespace, name)
-        return condition.get("message") if condition.get("reason") == reason else None
-
-    return wait_until(f"{name}: Ready reason {reason}", reached, timeout, interval=0.5)
-
-
-def secret_data(kube: Client, namespace: str, name: str) -> dict[str, str]:
-    secret = kube.get(Secret, name, namespace=namespace)
-    return {k: base64.b64decode(v).decode() for k, v in (secret.data or {}).items()}
 
 
 def login(kube: Client, namespace: str, user: str, password: str, database: str) -> psycopg.Connection:

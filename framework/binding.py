@@ -24,6 +24,7 @@ from framework.api import get_or_none
 from framework.inservice import InServiceKind, Outcome, Ref
 from framework.plugin import LABEL_MANAGED_BY, LABEL_PART_OF, MANAGER, TLS_SERVER, ServicePlugin
 from framework.reconcile import API_VERSION, owner_reference
+from framework.secrets import decoded
 from framework.spec import ApiModel
 
 BINDING_LABEL = "statefleet.dev/binding"
@@ -47,10 +48,6 @@ class ServiceBindingSpec(ApiModel):
 
 def owned_by(body: dict[str, Any] | None, uid: str) -> bool:
     return any(ref.get("uid") == uid for ref in (body or {}).get("metadata", {}).get("ownerReferences") or [])
-
-
-def decoded(secret: dict[str, Any]) -> dict[str, str]:
-    return {k: base64.b64decode(v).decode() for k, v in (secret.get("data") or {}).items()}
 
 
 def build_user(binding: dict[str, Any], kind: str, spec: dict[str, Any]) -> dict[str, Any]:

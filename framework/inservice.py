@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import fnmatch
 import logging
+import secrets
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -21,6 +22,8 @@ import kopf
 from lightkube import AsyncClient
 from lightkube.core.exceptions import ApiError
 from lightkube.generic_resource import create_namespaced_resource
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.core_v1 import Secret
 from lightkube.types import PatchType
 from pydantic import BaseModel, ValidationError
 
@@ -28,8 +31,15 @@ from framework import conditions, crd
 from framework.api import about, post_event
 from framework.conditions import Condition
 from framework.crd import GROUP, VERSION
+from framework.plugin import LABEL_MANAGED_BY, LABEL_PART_OF, MANAGER
 from framework.queue import WorkQueue
-from framework.reconcile import EventNote, describe_validation_error, status_changed, status_patch
+from framework.reconcile import (
+    EventNote,
+    describe_validation_error,
+    owner_reference,
+    status_changed,
+    status_patch,
+)
 
 log = logging.getLogger("statefleet")
 
@@ -107,6 +117,21 @@ class InServiceKind:
 
 
 Key = tuple[str, str, str]  # kind, namespace, name
+
+
+def credentials_secret(kind: str, body: dict[str, Any], name: str, username: str) -> Secret:
+    """A user's Secret the operator generates (`username`, a random `password`), owned by the
+    user resource `body` of `kind`."""
+    meta = body["metadata"]
+    return Secret(
+        metadata=ObjectMeta(
+            name=name,
+            namespace=meta["namespace"],
+            labels={LABEL_MANAGED_BY: MANAGER, LABEL_PART_OF: "statefleet"},
+            ownerReferences=[owner_reference(kind, body)],
+        ),
+        stringData={"username": username, "password": secrets.token_urlsafe(24)},
+    )
 
 
 def plan_status(body: dict[str, Any], outcome: Outcome) -> dict[str, Any]:

@@ -156,6 +156,15 @@ class ServicePlugin:
     # service has none; its methods, the default first.
     backup_driver: ClassVar[str | None] = None
     backup_methods: ClassVar[tuple[str, ...]] = ()
+    # Methods whose backup becomes a new instance's data before its server starts (an init
+    # container runs the driver's `bootstrap`; Postgres: physical). Any other method is restored
+    # by a Job into the running instance.
+    bootstrap_methods: ClassVar[tuple[str, ...]] = ()
+    # The spec fields of the smallest instance (a BackupPlan's restore tests make throwaways).
+    throwaway_spec: ClassVar[dict[str, Any]] = {}
+    # Methods a Restore may restore over an existing instance by a Job (`target.replace`: the
+    # driver's `restore` with a token, `roll_back` and `commit`; Postgres: logical).
+    replaces_online: ClassVar[tuple[str, ...]] = ()
     # A physical backup restored over a running instance (`backup.in_place`): the plugin
     # stops the instance, takes the backup in an init container and answers in status.
     restores_in_place: ClassVar[bool] = False

@@ -31,6 +31,7 @@ from framework.certificates import (
 from framework.conditions import Condition
 from framework.plugin import TLS_CA, TLS_SERVER, EventNote, Observed, Operations, ServicePlugin, ServiceStatus
 from framework.render import render_children
+from framework.secrets import decoded
 
 API_VERSION = "statefleet.dev/v1alpha1"
 
@@ -220,7 +221,12 @@ def plan_instance_tls(
         return InstanceTls()
     result = InstanceTls()
     try:
-        planned = plan_tls(_decoded(ca), _decoded(server), hosts, datetime.fromtimestamp(now, UTC))
+        planned = plan_tls(
+            (decoded(ca) if ca else None),
+            (decoded(server) if server else None),
+            hosts,
+            datetime.fromtimestamp(now, UTC),
+        )
     except Exception as error:  # never let certificates stop the rest (a failover) of the pass
         message = f"the certificates could not be checked or issued: {type(error).__name__}: {error}"
         result.events.append(EventNote("Warning", "CertificateFailed", message))
@@ -290,7 +296,7 @@ def plan_cert_manager_tls(
                 "uid": uid,
             }
             result.secrets.append(decorate(adopted, labels, by_certificate, namespace))
-    not_after = read_issued(_decoded(server))
+    not_after = read_issued(decoded(server) if server else None)
     if not_after is None:
         waiting = f"cert-manager has not issued {name}-tls: {certificate_not_ready(observed.certificate)}"
         if previous.get("waiting") != waiting:
@@ -307,12 +313,6 @@ def plan_cert_manager_tls(
             )
         )
     return result
-
-
-def _decoded(secret: dict[str, Any] | None) -> dict[str, str] | None:
-    if not secret:
-        return None
-    return {k: base64.b64decode(v).decode() for k, v in (secret.get("data") or {}).items()}
 
 
 def _status(observed: Observed, version: ResolvedVersion, reading: ServiceStatus) -> dict[str, Any]:

@@ -57,3 +57,19 @@ class PodTemplateOverrides(ApiModel):
     affinity: dict[str, Any] | None = Field(
         default=None, json_schema_extra={"x-kubernetes-preserve-unknown-fields": True}
     )
+
+
+class BackupRef(ApiModel):
+    name: str = Field(min_length=1, description="A Completed Backup in the same namespace.")
+
+
+class BootstrapSpec(ApiModel):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [{"rule": "self == oldSelf", "message": "bootstrap is immutable"}]
+        }
+    )
+    from_backup: BackupRef = Field(
+        description="Start from this backup (a Restore with a new target sets it): a physical Postgres "
+        "backup becomes the first pod's data; other kinds are restored once the instance runs."
+    )

@@ -8,19 +8,19 @@ server must not hold the operator up.
 from __future__ import annotations
 
 import asyncio
-import base64
 import logging
 from typing import Any
 
 import psycopg
 from lightkube import AsyncClient
 from lightkube.core.exceptions import ApiError
-from lightkube.resources.core_v1 import Secret
 from lightkube.resources.discovery_v1 import EndpointSlice
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from framework.plugin import Observed
+from framework.pods import incarnation
+from framework.secrets import SecretValues
 from services.postgres.primary import Facts, Member, parse_lsn
 
 log = logging.getLogger("statefleet")
@@ -50,18 +50,13 @@ class Servers:
     (read once: it is never regenerated)."""
 
     def __init__(self, superuser_secret: str) -> None:
-        self.superuser_secret = superuser_secret  # the Secret's name with {name} in it
-        self._passwords: dict[tuple[str, str], str] = {}
+        self.passwords = SecretValues(superuser_secret, "password")  # the Secret's name with {name} in it
 
     async def password(self, client: AsyncClient, namespace: str, name: str) -> str:
-        key = (namespace, name)
-        if key not in self._passwords:
-            secret = await client.get(Secret, self.superuser_secret.format(name=name), namespace=namespace)
-            self._passwords[key] = base64.b64decode((secret.data or {})["password"]).decode()
-        return self._passwords[key]
+        return await self.passwords.get(client, namespace, name)
 
     def forget(self, namespace: str, name: str) -> None:
-        self._passwords.pop((namespace, name), None)
+        self.passwords.forget(namespace, name)
 
     async def connect(
         self,
@@ -172,16 +167,6 @@ class Servers:
                 return False
             await connection.execute("checkpoint")
             return True
-
-
-def pod_ip(pod: dict[str, Any]) -> str | None:
-    return (pod.get("status") or {}).get("podIP")
-
-
-def incarnation(pod: dict[str, Any]) -> str:
-    """Which life of the pod's server: a new pod or a restarted container is another one."""
-    restarts = sum(c.get("restartCount", 0) for c in (pod.get("status") or {}).get("containerStatuses") or [])
-    return f"{pod['metadata'].get('uid')}/{restarts}"
 
 
 def members_of(

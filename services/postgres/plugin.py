@@ -6,7 +6,7 @@ import asyncio
 import hashlib
 import json
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, ClassVar
 from urllib.parse import quote
 
 from lightkube import AsyncClient
@@ -25,10 +25,11 @@ from framework.plugin import (
     ServicePlugin,
     ServiceStatus,
 )
-from framework.quantity import parse_quantity
+from framework.pods import incarnation, pod_ip, pod_ready
+from framework.volumes import claim_context, refuse_storage_change
 from services.postgres import commands as postgres_commands
 from services.postgres.in_place import POD_ANNOTATION, InPlaceStep, plan_in_place, pod_annotation
-from services.postgres.instances import Servers, incarnation, members_of, pod_ip, rw_endpoints
+from services.postgres.instances import Servers, members_of, rw_endpoints
 from services.postgres.primary import (
     Action,
     Facts,
@@ -47,13 +48,6 @@ from services.postgres.users import PostgresUserKind
 ROLE_LABEL = "statefleet.dev/role"
 SUPERUSER = GeneratedSecret("superuser", fixed={"username": "postgres"}, random=("password",))
 REPLICATION = GeneratedSecret("replication", fixed={"username": "streaming_replica"}, random=("password",))
-
-
-def pod_ready(pod: dict[str, Any]) -> bool:
-    return any(
-        c.get("type") == "Ready" and c.get("status") == "True"
-        for c in (pod.get("status") or {}).get("conditions") or []
-    )
 
 
 def current_primary(name: str, observed: Observed) -> str:
@@ -115,12 +109,6 @@ def major(version: str) -> str:
     return version.split(".", 1)[0]
 
 
-def claim_template(observed: Observed) -> dict[str, Any] | None:
-    """The volume claim template of the existing StatefulSet (immutable once created)."""
-    templates = ((observed.statefulset or {}).get("spec") or {}).get("volumeClaimTemplates") or []
-    return templates[0] if templates else None
-
-
 class PostgresPlugin(ServicePlugin):
     kind = "Postgres"
     plural = "postgreses"
@@ -134,6 +122,9 @@ class PostgresPlugin(ServicePlugin):
     user_kind = "PostgresUser"
     backup_driver = "backup.drivers.postgres"
     backup_methods = ("physical", "logical")
+    bootstrap_methods = ("physical",)
+    throwaway_spec: ClassVar[dict[str, Any]] = {"instances": 1}
+    replaces_online = ("logical",)
     restores_in_place = True
 
     def restored_spec(self, recorded: dict[str, Any], version: str, method: str) -> dict[str, Any]:
@@ -205,35 +196,11 @@ class PostgresPlugin(ServicePlugin):
                 f"spec.version: upgrading the data from PostgreSQL {running} to {spec.version} needs a "
                 f"major upgrade (pg_upgrade), which is not supported yet; set it back to {running}"
             )
-        existing = claim_template(observed)
-        if existing is None:
-            return None
-        current_size = existing["spec"]["resources"]["requests"]["storage"]
-        if parse_quantity(spec.storage.size) < parse_quantity(current_size):
-            return (
-                f"spec.storage.size: shrinking the volumes from {current_size} to {spec.storage.size} "
-                "would lose data; volumes can only grow"
-            )
-        if parse_quantity(spec.storage.size) > parse_quantity(current_size):
-            return (
-                f"spec.storage.size: growing the volumes from {current_size} to {spec.storage.size} "
-                "is not supported yet; set it back to " + current_size
-            )
-        current_class = existing["spec"].get("storageClassName")
-        wanted_class = spec.storage.storage_class
-        if wanted_class and wanted_class != current_class:
-            # Admission refuses a changed class; this catches one added after creation.
-            current = current_class or "the cluster's default class"
-            return (
-                f"spec.storage.storageClass: moving the volumes from {current} to {wanted_class} "
-                "would lose data; it cannot change (remove the field to keep the volumes where they are)"
-            )
-        return None
+        return refuse_storage_change(spec.storage, observed)
 
     def template_context(
         self, spec: PostgresSpec, version: ResolvedVersion, observed: Observed
     ) -> dict[str, Any]:
-        existing = claim_template(observed)
         configuration = {
             "parameters": spec.parameters,
             "pg_hba": spec.pg_hba,
@@ -261,12 +228,7 @@ class PostgresPlugin(ServicePlugin):
             "config_hash": hashlib.sha256(json.dumps(configuration, sort_keys=True).encode()).hexdigest()[
                 :16
             ],
-            "claim_size": existing["spec"]["resources"]["requests"]["storage"]
-            if existing
-            else spec.storage.size,
-            "claim_class": existing["spec"].get("storageClassName")
-            if existing
-            else spec.storage.storage_class,
+            **claim_context(spec.storage, observed),
         }
 
     def operate(self, spec: PostgresSpec, observed: Observed, now: float) -> Operations:

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
-from framework.spec import ApiModel, DeletionPolicy, PodTemplateOverrides, ResourcesSpec, StorageSpec
+from framework.spec import (
+    ApiModel,
+    BootstrapSpec,
+    DeletionPolicy,
+    PodTemplateOverrides,
+    ResourcesSpec,
+    StorageSpec,
+)
 
 # Set by the operator: a user's value would break replication, probes or the Services.
 MANAGED_PARAMETERS = frozenset(
@@ -40,22 +47,6 @@ class SwitchoverSpec(ApiModel):
     requested_at: str | None = Field(
         default=None,
         description="When it was asked for (`statefleet pg promote` sets it): a new value asks again.",
-    )
-
-
-class BackupRef(ApiModel):
-    name: str = Field(min_length=1, description="A Completed Backup in the same namespace.")
-
-
-class BootstrapSpec(ApiModel):
-    model_config = ConfigDict(
-        json_schema_extra={
-            "x-kubernetes-validations": [{"rule": "self == oldSelf", "message": "bootstrap is immutable"}]
-        }
-    )
-    from_backup: BackupRef = Field(
-        description="Start from this backup: a physical one becomes the first pod's data, a logical one is "
-        "restored once the instance runs. A Restore with a new target sets it."
     )
 
 

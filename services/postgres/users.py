@@ -18,21 +18,18 @@ from __future__ import annotations
 
 import base64
 import re
-import secrets
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from lightkube import AsyncClient
-from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Pod, Secret
 from psycopg import AsyncConnection, sql
 from pydantic import ConfigDict, Field
 
 from backup.drivers import postgres_replace
 from framework.api import get_or_none
-from framework.inservice import InServiceKind, Outcome, Ref
-from framework.plugin import LABEL_MANAGED_BY, LABEL_PART_OF, MANAGER
-from framework.reconcile import EventNote, owner_reference
+from framework.inservice import InServiceKind, Outcome, Ref, credentials_secret
+from framework.reconcile import EventNote
 from framework.spec import ApiModel, DeletionPolicy
 from services.postgres.instances import Servers
 
@@ -295,19 +292,6 @@ async def primary_address(client: AsyncClient, instance: dict[str, Any]) -> str 
     return (pod.get("status") or {}).get("podIP")
 
 
-def generated_secret(body: dict[str, Any], name: str, role: str) -> Secret:
-    meta = body["metadata"]
-    return Secret(
-        metadata=ObjectMeta(
-            name=name,
-            namespace=meta["namespace"],
-            labels={LABEL_MANAGED_BY: MANAGER, LABEL_PART_OF: "statefleet"},
-            ownerReferences=[owner_reference("PostgresUser", body)],
-        ),
-        stringData={"username": role, "password": secrets.token_urlsafe(24)},
-    )
-
-
 class PostgresUserKind(InServiceKind):
     kind = "PostgresUser"
     plural = "postgresusers"
@@ -361,7 +345,7 @@ class PostgresUserKind(InServiceKind):
                 retry_in=10,  # Secrets are not watched
             )
         if secret is None:
-            secret = (await client.create(generated_secret(body, secret_name, role))).to_dict()
+            secret = (await client.create(credentials_secret(self.kind, body, secret_name, role))).to_dict()
         password = base64.b64decode((secret.get("data") or {}).get("password", "")).decode()
         if not password:
             return Outcome(

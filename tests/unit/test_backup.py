@@ -21,6 +21,9 @@ from backup.resources import BackupSpec, seconds_between
 from backup.restore import RestoreSpec, replace_refusal, replace_token
 from backup.run import bounded
 from backup.storage import S3Spec, encryption_args, object_key, piece_key
+from framework.plugin import ServicePlugin
+from services.postgres import PLUGIN as POSTGRES
+from services.rabbitmq import PLUGIN as RABBITMQ
 
 pytestmark = pytest.mark.unit
 
@@ -239,17 +242,21 @@ def test_a_script_for_an_older_server_loses_only_the_settings_it_refuses() -> No
     assert kept == [script[0], script[2], script[3], script[4], script[5], script[6]]
 
 
-def test_a_restore_goes_into_an_existing_instance_only_when_asked_and_only_logically() -> None:
-    def refusal(target: dict, method: str = "logical") -> tuple[str, str] | None:
-        spec = RestoreSpec.model_validate({"backup": "demo-now", "target": {"kind": "Postgres", **target}})
-        return replace_refusal(spec, "Postgres", method)
+def test_a_restore_goes_into_an_existing_instance_only_when_asked_and_only_as_its_plugin_can() -> None:
+    def refusal(
+        target: dict, method: str = "logical", plugin: ServicePlugin = POSTGRES
+    ) -> tuple[str, str] | None:
+        spec = RestoreSpec.model_validate({"backup": "demo-now", "target": {"kind": plugin.kind, **target}})
+        return replace_refusal(spec, plugin, method)
 
     reason, message = refusal({"name": "demo"})
     assert reason == "TargetExists"
     assert "spec.target.replace" in message
     assert refusal({"name": "demo", "replace": True}) is None
-    reason, message = refusal({"name": "demo", "replace": True}, "physical")
+    assert refusal({"name": "demo", "replace": True}, "physical") is None  # restored in place
+    reason, message = refusal({"name": "demo", "replace": True}, "definitions", RABBITMQ)
     assert (reason, message.split(":")[0]) == ("ReplaceRefused", "spec.target.replace")
+    assert "a definitions backup of a RabbitMQ is restored into a new instance only" in message
     reason, message = refusal({"name": "demo", "replace": True, "spec": {"instances": 1}})
     assert message.startswith("spec.target.spec:")
 

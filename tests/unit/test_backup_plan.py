@@ -192,12 +192,15 @@ def test_each_scheduled_test_of_one_backup_has_its_own_restore_and_throwaway() -
         "metadata": {"name": "demo-nightly-with-a-rather-long-name-20261130-020000", "uid": "abcdef012345"}
     }
     once = build_verify_restore(plan, SPEC, backup)
-    again = build_verify_restore(plan, SPEC, backup, at("2026-12-06 04:00"))
+    again = build_verify_restore(plan, SPEC, backup, at("2026-12-06 04:00"), {"instances": 1})
     later = build_verify_restore(plan, SPEC, backup, at("2026-12-13 04:00"))
     names = {r["metadata"]["name"] for r in (once, again, later)}
     targets = {r["spec"]["target"]["name"] for r in (once, again, later)}
     assert len(names) == len(targets) == 3
     assert all(len(name) <= 63 for name in names)
+    # The throwaway is the plugin's smallest instance, deleted with its volumes.
+    rabbit = build_verify_restore(plan, SPEC, backup, throwaway={"replicas": 1})
+    assert rabbit["spec"]["target"]["spec"] == {"replicas": 1, "deletionPolicy": "Delete"}
     # Their Jobs' names (cut to fit a label) stay apart too, down to the minute.
     half_past = build_verify_restore(plan, SPEC, backup, at("2026-12-13 04:30"))
     jobs = {job_name(r["metadata"]["name"], "restore") for r in (once, again, later, half_past)}

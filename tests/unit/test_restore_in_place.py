@@ -216,8 +216,9 @@ def test_replace_is_refused_for_a_physical_backup_only_where_not_served() -> Non
     spec = RestoreSpec.model_validate(
         {"backup": "b", "target": {"kind": "Postgres", "name": "demo", "replace": True}}
     )
-    assert replace_refusal(spec, "Postgres", "physical", in_place_served=True) is None
-    refusal = replace_refusal(spec, "Postgres", "physical")
+    assert replace_refusal(spec, PLUGIN, "physical") is None
+    not_served = type("NotInPlace", (type(PLUGIN),), {"restores_in_place": False})()
+    refusal = replace_refusal(spec, not_served, "physical")
     assert refusal is not None
     assert refusal[0] == "ReplaceRefused"
 

@@ -1,0 +1,526 @@
+"""A developer applies a `RabbitMQ` and gets a running cluster: proven on the test bed with the
+operator running from this checkout and real RabbitMQ nodes (Debian's rabbitmq-server)."""
+
+from __future__ import annotations
+
+import base64
+import threading
+import time
+from typing import Any
+from urllib.parse import quote
+
+import httpx2
+import pika
+import pika.exceptions
+import pytest
+from lightkube import Client
+from lightkube.core.exceptions import ApiError
+from lightkube.resources.core_v1 import Event, Pod, Secret, Service
+from lightkube.types import PatchType
+
+from e2e.kube import apply, get_or_none, kubectl, secret_data, wait_reason, wait_until
+from e2e.operator_process import OperatorProcess
+from e2e.test_backup import Backup, Restore, storage, wait_phase
+from framework.binding import ServiceBindingKind
+from framework.rollout.controller import Rollout
+from services.rabbitmq import PLUGIN
+from services.rabbitmq.cluster import pod_of
+from services.rabbitmq.users import RabbitMQPermissionKind, RabbitMQUserKind, RabbitMQVhostKind
+
+pytestmark = pytest.mark.e2e
+
+RabbitMQ = PLUGIN.resource()
+RabbitMQUser = RabbitMQUserKind.resource()
+RabbitMQVhost = RabbitMQVhostKind.resource()
+RabbitMQPermission = RabbitMQPermissionKind.resource()
+ServiceBinding = ServiceBindingKind.resource()
+
+
+def create(kube: Client, namespace: str, name: str, spec: dict[str, Any]) -> None:
+    body = {
+        "apiVersion": "statefleet.dev/v1alpha1",
+        "kind": "RabbitMQ",
+        "metadata": {"name": name},
+        "spec": spec,
+    }
+    kube.create(RabbitMQ.from_dict(body), namespace=namespace)
+
+
+def wait_formed(
+    kube: Client, namespace: str, name: str, replicas: int, timeout: float = 300
+) -> dict[str, Any]:
+    """Ready, every node running in one cluster, the current generation observed."""
+
+    def formed() -> dict[str, Any] | None:
+        body = kube.get(RabbitMQ, name, namespace=namespace).to_dict()
+        status = body.get("status") or {}
+        ready = next((c for c in status.get("conditions") or [] if c["type"] == "Ready"), {})
+        done = (
+            ready.get("status") == "True"
+            and status.get("readyInstances") == replicas
+            and (status.get("cluster") or {}).get("formed")
+            and status.get("observedGeneration") == body["metadata"]["generation"]
+        )
+        return status if done else None
+
+    return wait_until(f"RabbitMQ {namespace}/{name}: {replicas} nodes in one cluster", formed, timeout, 1)
+
+
+def credentials(kube: Client, namespace: str, name: str) -> tuple[str, str]:
+    data = kube.get(Secret, f"{name}-default-user", namespace=namespace).data
+    return base64.b64decode(data["username"]).decode(), base64.b64decode(data["password"]).decode()
+
+
+def amqp(kube: Client, namespace: str, name: str, retry_for: float = 30) -> pika.BlockingConnection:
+    """A connection through the client Service, as an application makes it (retried while the
+    Service's endpoints settle)."""
+    user, password = credentials(kube, namespace, name)
+    host = kube.get(Service, name, namespace=namespace).spec.clusterIP
+    parameters = pika.ConnectionParameters(
+        host=host,
+        port=5672,
+        credentials=pika.PlainCredentials(user, password),
+        socket_timeout=5,
+        blocked_connection_timeout=10,
+        connection_attempts=1,
+    )
+    deadline = time.monotonic() + retry_for
+    while True:
+        try:
+            return pika.BlockingConnection(parameters)
+        except pika.exceptions.AMQPConnectionError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(1)
+
+
+def management(kube: Client, namespace: str, name: str, path: str) -> Any:
+    """`GET /api/<path>` of the management API, through the client Service."""
+    host = kube.get(Service, name, namespace=namespace).spec.clusterIP
+    response = httpx2.get(
+        f"http://{host}:15672/api/{path}", auth=credentials(kube, namespace, name), timeout=10
+    )
+    response.raise_for_status()
+    return response.json()
+
+
+def publish(channel: Any, queue: str, bodies: list[str]) -> None:
+    """Each message persistent and confirmed by the broker before the next."""
+    for body in bodies:
+        channel.basic_publish("", queue, body.encode(), pika.BasicProperties(delivery_mode=2), mandatory=True)
+
+
+def drain(channel: Any, queue: str) -> list[str]:
+    bodies = []
+    while True:
+        method, _properties, body = channel.basic_get(queue)
+        if method is None:
+            return bodies
+        channel.basic_ack(method.delivery_tag)
+        bodies.append(body.decode())
+
+
+class Publisher(threading.Thread):
+    """An application publishing through the Service all along: one confirmed message every
+    0.1 s, reconnecting when its connection is lost. Records what the broker confirmed."""
+
+    def __init__(self, kube: Client, namespace: str, name: str, queue: str) -> None:
+        super().__init__(daemon=True)
+        self.kube, self.namespace, self.name, self.queue = kube, namespace, name, queue
+        self.confirmed: list[str] = []
+        self.failures = 0
+        self.longest_gap = 0.0  # seconds without a confirmed message
+        self.halt = threading.Event()
+
+    def run(self) -> None:
+        sent, last = 0, time.monotonic()
+        while not self.halt.is_set():
+            try:
+                with amqp(self.kube, self.namespace, self.name, retry_for=120) as connection:
+                    channel = connection.channel()
+                    channel.confirm_delivery()
+                    while not self.halt.is_set():
+                        body = f"live-{sent}"
+                        sent += 1
+                        publish(channel, self.queue, [body])
+                        self.confirmed.append(body)
+                        now = time.monotonic()
+                        self.longest_gap = max(self.longest_gap, now - last)
+                        last = now
+                        time.sleep(0.1)
+            except pika.exceptions.AMQPError:
+                self.failures += 1
+                time.sleep(0.5)
+
+
+def node_memory_limits(kube: Client, namespace: str, name: str) -> dict[str, int]:
+    """Each node's memory high watermark in bytes, once every node reports it (a node's
+    statistics appear a few seconds after it starts)."""
+
+    def reported() -> dict[str, int] | None:
+        nodes = management(kube, namespace, name, "nodes")
+        limits = {pod_of(n["name"]): n.get("mem_limit") for n in nodes}
+        return limits if all(limits.values()) else None
+
+    return wait_until("every node's memory limit", reported, 60, 1)
+
+
+def test_bad_config_is_refused_by_the_api_server(
+    kube: Client, namespace: str, operator: OperatorProcess
+) -> None:
+    """(The operator installs the CRDs; the API server refuses, with their CEL rules.)"""
+    with pytest.raises(ApiError) as refused:
+        create(
+            kube,
+            namespace,
+            "events",
+            {
+                "replicas": 3,
+                "storage": {"size": "1Gi"},
+                "config": {"cluster_formation.peer_discovery_backend": "k8s"},
+            },
+        )
+    assert refused.value.status.code == 422
+    assert "spec.config" in refused.value.status.message
+    assert "config may not set what the operator manages" in refused.value.status.message
+
+
+def test_a_cluster_forms_serves_keeps_its_queues_when_a_node_is_lost_and_rolls_out(
+    kube: Client, namespace: str, operator: OperatorProcess
+) -> None:
+    started = time.monotonic()
+    create(kube, namespace, "events", {"version": "3", "replicas": 3, "storage": {"size": "1Gi"}})
+    status = wait_formed(kube, namespace, "events", 3)
+    formed_in = time.monotonic() - started
+    assert status["cluster"]["nodes"] == ["events-0", "events-1", "events-2"]
+    assert status["cluster"]["members"] == 3
+    assert status["endpoints"]["amqp"] == f"amqp://events.{namespace}.svc:5672"
+    print(f"\n3-node cluster formed and Ready in {formed_in:.1f} s")
+    # What a user looks at: the default user's Secret (owned by the resource), the Services,
+    # the Event, and the cluster as RabbitMQ itself describes it.
+    secret = kube.get(Secret, "events-default-user", namespace=namespace)
+    assert {"username", "password"} <= set(secret.data)
+    owner = secret.metadata.ownerReferences[0]
+    assert (owner.kind, owner.name) == ("RabbitMQ", "events")
+    ports = {p.name: p.port for p in kube.get(Service, "events", namespace=namespace).spec.ports}
+    assert ports["amqp"] == 5672
+    assert ports["management"] == 15672
+    reasons = {e.reason for e in kube.list(Event, namespace=namespace) if e.involvedObject.kind == "RabbitMQ"}
+    assert "ClusterFormed" in reasons
+    nodes = management(kube, namespace, "events", "nodes")
+    assert sorted(pod_of(n["name"]) for n in nodes if n["running"]) == ["events-0", "events-1", "events-2"]
+    assert {n["name"] for n in nodes} == {f"rabbit@events-{i}.events-nodes.{namespace}" for i in range(3)}
+
+    # A quorum queue, replicated on the three nodes; messages published through the Service.
+    first = [f"m{i}" for i in range(100)]
+    with amqp(kube, namespace, "events") as connection:
+        channel = connection.channel()
+        channel.queue_declare("orders", durable=True, arguments={"x-queue-type": "quorum"})
+        channel.confirm_delivery()
+        publish(channel, "orders", first)
+        # (The management API's message counts are statistics, seconds late: ask the queue.)
+        assert channel.queue_declare("orders", passive=True).method.message_count == 100
+    queue = management(kube, namespace, "events", "queues/%2F/orders")
+    assert len(queue["members"]) == 3
+
+    # The node that leads the queue is lost: the queue stays available on the other two.
+    leader = pod_of(queue["leader"])
+    kubectl("exec", "-n", namespace, leader, "-c", "rabbitmq", "--", "rabbitmqctl", "stop_app", timeout=120)
+    lost = wait_until(
+        "the operator sees the node lost",
+        lambda: (
+            (s := kube.get(RabbitMQ, "events", namespace=namespace).status)
+            and leader not in s["cluster"]["nodes"]
+            and s
+        ),
+        90,
+        1,
+    )
+    assert lost["cluster"]["formed"] is False
+    ready = next(c for c in lost["conditions"] if c["type"] == "Ready")
+    assert ready["status"] == "True"  # two of three: still serving, degraded
+    assert next(c for c in lost["conditions"] if c["type"] == "Degraded")["status"] == "True"
+    with amqp(kube, namespace, "events") as connection:
+        channel = connection.channel()
+        channel.confirm_delivery()
+        publish(channel, "orders", [f"m{i}" for i in range(100, 110)])
+        consumed = [channel.basic_get("orders", auto_ack=True)[2].decode() for _ in range(5)]
+    assert consumed == ["m0", "m1", "m2", "m3", "m4"]
+    new_leader = pod_of(management(kube, namespace, "events", "queues/%2F/orders").get("leader") or "")
+    assert new_leader in {"events-0", "events-1", "events-2"} - {leader}
+    kubectl("exec", "-n", namespace, leader, "-c", "rabbitmq", "--", "rabbitmqctl", "start_app", timeout=120)
+    wait_formed(kube, namespace, "events", 3, timeout=120)
+
+    # A configuration change rolls out one node at a time through the StatefulsetRollout, each
+    # only once the quorum queue keeps its majority without it, while an application publishes.
+    before = {p.metadata.name: p.metadata.uid for p in kube.list(Pod, namespace=namespace)}
+    limits_before = node_memory_limits(kube, namespace, "events")
+    publisher = Publisher(kube, namespace, "events", "orders")
+    publisher.start()
+    time.sleep(2)
+    rollout_started = time.monotonic()
+    kube.patch(
+        RabbitMQ,
+        "events",
+        {"spec": {"config": {"vm_memory_high_watermark.relative": "0.5"}}},
+        namespace=namespace,
+        patch_type=PatchType.MERGE,
+    )
+
+    def rolled_out() -> bool:
+        pods = {p.metadata.name: p.metadata.uid for p in kube.list(Pod, namespace=namespace)}
+        rollout = kube.get(Rollout, "events", namespace=namespace).status or {}
+        replaced = len(pods) == 3 and all(pods.get(name) != uid for name, uid in before.items())
+        return replaced and rollout.get("phase") == "Healthy" and rollout.get("updatedReplicas") == 3
+
+    wait_until("every node updated", rolled_out, 600, 2)
+    wait_formed(kube, namespace, "events", 3, timeout=180)
+    rollout_took = time.monotonic() - rollout_started
+    time.sleep(2)
+    publisher.halt.set()
+    publisher.join(30)
+    print(
+        f"rollout of 3 nodes in {rollout_took:.1f} s; the publisher had {len(publisher.confirmed)} "
+        f"messages confirmed, {publisher.failures} lost connections, at most "
+        f"{publisher.longest_gap:.1f} s without a confirm"
+    )
+    limits_after = node_memory_limits(kube, namespace, "events")
+    for pod, limit in limits_after.items():  # 0.4 of the memory before, 0.5 now: the setting is live
+        assert limit / limits_before[pod] == pytest.approx(1.25, rel=0.01)
+    assert len(publisher.confirmed) > 50
+
+    # Nothing the broker confirmed is lost, in order.
+    with amqp(kube, namespace, "events") as connection:
+        remaining = drain(connection.channel(), "orders")
+    assert remaining[:105] == [f"m{i}" for i in range(5, 110)]
+    live = remaining[105:]
+    assert set(publisher.confirmed) <= set(live)
+    assert live == sorted(live, key=lambda body: int(body.split("-")[1]))
+
+
+def login(kube: Client, namespace: str, user: str, password: str, vhost: str) -> pika.BlockingConnection:
+    """As an application would, through the client Service; retried only while the Service
+    has no endpoint yet, never on refused credentials."""
+    host = kube.get(Service, "events", namespace=namespace).spec.clusterIP
+    parameters = pika.ConnectionParameters(
+        host=host,
+        virtual_host=vhost,
+        credentials=pika.PlainCredentials(user, password),
+        socket_timeout=5,
+        connection_attempts=1,
+    )
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            return pika.BlockingConnection(parameters)
+        except pika.exceptions.AMQPConnectionError as error:
+            refused = isinstance(
+                error, pika.exceptions.ProbableAuthenticationError | pika.exceptions.ProbableAccessDeniedError
+            )
+            if refused or time.monotonic() > deadline:
+                raise
+            time.sleep(1)
+
+
+def test_users_vhosts_permissions_and_a_binding(
+    kube: Client, namespace: str, operator: OperatorProcess
+) -> None:
+    create(kube, namespace, "events", {"version": "3", "replicas": 1, "storage": {"size": "1Gi"}})
+    wait_formed(kube, namespace, "events", 1)
+
+    # A binding: the application's own user and vhost, in a servicebinding.io Secret.
+    apply(kube, ServiceBinding, namespace, "orders", {"service": {"kind": "RabbitMQ", "name": "events"}})
+    wait_reason(kube, ServiceBinding, namespace, "orders", "Bound", timeout=120)
+    secret = kube.get(Secret, "orders", namespace=namespace)
+    assert secret.type == "servicebinding.io/rabbitmq"
+    bound = secret_data(kube, namespace, "orders")
+    assert bound["uri"] == (
+        f"amqp://orders:{quote(bound['password'], safe='')}@events.{namespace}.svc:5672/orders"
+    )
+    assert (bound["username"], bound["virtual-host"], bound["port"]) == ("orders", "orders", "5672")
+    with login(kube, namespace, "orders", bound["password"], "orders") as connection:
+        channel = connection.channel()
+        channel.queue_declare("work", durable=True, arguments={"x-queue-type": "quorum"})
+        channel.confirm_delivery()
+        publish(channel, "work", ["one", "two"])
+        assert drain(channel, "work") == ["one", "two"]
+    # Its own vhost only.
+    with pytest.raises(pika.exceptions.ProbableAccessDeniedError):
+        login(kube, namespace, "orders", bound["password"], "/")
+
+    # A vhost, a user and a permission as resources of their own: the worker may publish to
+    # and consume from the queues of `jobs` but not declare any.
+    apply(kube, RabbitMQVhost, namespace, "jobs", {"instance": "events", "description": "batch jobs"})
+    apply(kube, RabbitMQUser, namespace, "worker", {"instance": "events", "tags": ["monitoring"]})
+    apply(
+        kube,
+        RabbitMQPermission,
+        namespace,
+        "worker-jobs",
+        {"instance": "events", "user": "worker", "vhost": "jobs", "configure": "^$"},
+    )
+    for resource, name in (
+        (RabbitMQVhost, "jobs"),
+        (RabbitMQUser, "worker"),
+        (RabbitMQPermission, "worker-jobs"),
+    ):
+        wait_reason(kube, resource, namespace, name, "Reconciled", timeout=60)
+    vhost = management(kube, namespace, "events", "vhosts/jobs")
+    assert vhost["description"] == "batch jobs"
+    worker = management(kube, namespace, "events", "users/worker")
+    assert "monitoring" in worker["tags"]
+    user, password = credentials(kube, namespace, "events")
+    with login(kube, namespace, user, password, "jobs") as connection:
+        connection.channel().queue_declare("tasks", durable=True)
+    worker_password = secret_data(kube, namespace, "worker-credentials")["password"]
+    with login(kube, namespace, "worker", worker_password, "jobs") as connection:
+        channel = connection.channel()
+        channel.confirm_delivery()
+        publish(channel, "tasks", ["t1"])
+        assert drain(channel, "tasks") == ["t1"]
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker, match="ACCESS_REFUSED"):
+            connection.channel().queue_declare("mine", durable=True)
+
+    # A new password in the Secret is applied within a minute (Secrets are not watched).
+    kube.patch(
+        Secret,
+        "worker-credentials",
+        {"stringData": {"password": "rotated-password-1"}},
+        namespace=namespace,
+        patch_type=PatchType.MERGE,
+    )
+
+    def rotated() -> bool:
+        try:
+            login(kube, namespace, "worker", "rotated-password-1", "jobs").close()
+        except pika.exceptions.ProbableAuthenticationError:
+            return False
+        return True
+
+    wait_until("the new password works", rotated, 90, 2)
+    with pytest.raises(pika.exceptions.ProbableAuthenticationError):
+        login(kube, namespace, "worker", worker_password, "jobs")
+
+    # A user that exists and is not this resource's is never taken over.
+    apply(kube, RabbitMQUser, namespace, "clash", {"instance": "events", "username": user})
+    message = wait_reason(kube, RabbitMQUser, namespace, "clash", "Refused")
+    assert f"the user {user} exists and was not created for this resource" in message
+    with login(kube, namespace, user, password, "/"):
+        pass  # the default user still logs in with its own password
+
+    # Deleting: the binding's user goes (its vhost and messages stay), the permission is
+    # revoked, a Retain vhost stays.
+    kube.delete(ServiceBinding, "orders", namespace=namespace)
+    wait_until("the binding's user deleted", lambda: not users(kube, namespace) & {"orders"}, 60, 1)
+    assert "orders" in vhosts(kube, namespace)
+    kube.delete(RabbitMQPermission, "worker-jobs", namespace=namespace)
+    wait_until(
+        "the permission revoked",
+        lambda: not [p for p in management(kube, namespace, "events", "users/worker/permissions")],
+        60,
+        1,
+    )
+    kube.delete(RabbitMQVhost, "jobs", namespace=namespace)
+    kube.delete(RabbitMQUser, "clash", namespace=namespace)
+    wait_until(
+        "the vhost resource gone", lambda: get_or_none(kube, RabbitMQVhost, "jobs", namespace) is None, 60, 1
+    )
+    assert "jobs" in vhosts(kube, namespace)
+    assert user in users(kube, namespace)  # the refused resource deleted nothing
+
+
+def users(kube: Client, namespace: str) -> set[str]:
+    return {u["name"] for u in management(kube, namespace, "events", "users")}
+
+
+def vhosts(kube: Client, namespace: str) -> set[str]:
+    return {v["name"] for v in management(kube, namespace, "events", "vhosts")}
+
+
+def management_change(kube: Client, namespace: str, name: str, method: str, path: str, body: Any) -> None:
+    """A change through the management API, as an administrator makes it by hand."""
+    host = kube.get(Service, name, namespace=namespace).spec.clusterIP
+    response = httpx2.request(
+        method,
+        f"http://{host}:15672/api/{path}",
+        json=body,
+        auth=credentials(kube, namespace, name),
+        timeout=30,
+    )
+    response.raise_for_status()
+
+
+def test_definitions_backup_restores_into_a_new_cluster(
+    kube: Client, namespace: str, operator: OperatorProcess, bucket: str
+) -> None:
+    create(kube, namespace, "events", {"version": "3", "replicas": 1, "storage": {"size": "1Gi"}})
+    wait_formed(kube, namespace, "events", 1)
+    apply(kube, RabbitMQUser, namespace, "app", {"instance": "events", "ownVhost": True})
+    wait_reason(kube, RabbitMQUser, namespace, "app", "Reconciled", timeout=60)
+    app_password = secret_data(kube, namespace, "app-credentials")["password"]
+    # What an administrator defined by hand: an exchange, a quorum queue, a binding, a policy.
+    change = lambda method, path, body: management_change(kube, namespace, "events", method, path, body)  # noqa: E731
+    change("PUT", "exchanges/app/events", {"type": "topic", "durable": True})
+    change("PUT", "queues/app/work", {"durable": True, "arguments": {"x-queue-type": "quorum"}})
+    change("POST", "bindings/app/e/events/q/work", {"routing_key": "order.#"})
+    change(
+        "PUT",
+        "policies/app/limits",
+        {"pattern": "^work$", "definition": {"max-length": 1000}, "apply-to": "queues"},
+    )
+
+    storage(kube, namespace, "s3", bucket)
+    apply(
+        kube,
+        Backup,
+        namespace,
+        "events-now",
+        {"service": {"kind": "RabbitMQ", "name": "events"}, "storage": "s3"},
+    )
+    backed_up = wait_phase(kube, Backup, namespace, "events-now", "Completed", timeout=180)
+    assert backed_up["method"] == "definitions"
+    apply(
+        kube,
+        Restore,
+        namespace,
+        "events-copy",
+        {"backup": "events-now", "target": {"kind": "RabbitMQ", "name": "events-copy"}},
+    )
+    restored = wait_phase(kube, Restore, namespace, "events-copy", "Completed", timeout=300)
+    print(f"\ndefinitions restored: {restored.get('details')}")
+
+    copy = lambda path: management(kube, namespace, "events-copy", path)  # noqa: E731
+    assert copy("exchanges/app/events")["type"] == "topic"
+    assert copy("queues/app/work")["arguments"] == {"x-queue-type": "quorum"}
+    assert [b["routing_key"] for b in copy("queues/app/work/bindings") if b["source"] == "events"] == [
+        "order.#"
+    ]
+    assert copy("policies/app/limits")["definition"] == {"max-length": 1000}
+    # The application's user came with its password; the old cluster's administrator did not.
+    host = kube.get(Service, "events-copy", namespace=namespace).spec.clusterIP
+    parameters = pika.ConnectionParameters(
+        host=host,
+        virtual_host="app",
+        credentials=pika.PlainCredentials("app", app_password),
+        connection_attempts=3,
+    )
+    with pika.BlockingConnection(parameters) as connection:
+        channel = connection.channel()
+        channel.confirm_delivery()
+        channel.basic_publish(
+            "events", "order.created", b"routed", pika.BasicProperties(delivery_mode=2), mandatory=True
+        )
+        assert drain(channel, "work") == ["routed"]
+    old_admin = credentials(kube, namespace, "events")[0]
+    assert old_admin not in {u["name"] for u in copy("users")}
+
+    # Definitions never go over a running cluster: refused before anything is read.
+    apply(
+        kube,
+        Restore,
+        namespace,
+        "over",
+        {"backup": "events-now", "target": {"kind": "RabbitMQ", "name": "events", "replace": True}},
+    )
+    message = wait_reason(kube, Restore, namespace, "over", "ReplaceRefused")
+    assert "a definitions backup of a RabbitMQ is restored into a new instance only" in message

@@ -1,0 +1,232 @@
+"""RabbitMQ: a cluster of nodes that forms by itself on the headless Service."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any, ClassVar
+from urllib.parse import quote
+
+from lightkube import AsyncClient
+
+from framework.catalog import ResolvedVersion
+from framework.plugin import (
+    EventNote,
+    GeneratedSecret,
+    Inspection,
+    Observed,
+    Operations,
+    ServicePlugin,
+    ServiceStatus,
+)
+from framework.pods import incarnation, pod_ip, pod_ready
+from framework.volumes import claim_context, refuse_storage_change
+from services.rabbitmq.cluster import ClusterView, NodeAnswer, pod_of, read_cluster
+from services.rabbitmq.management import Management
+from services.rabbitmq.spec import RabbitMQSpec
+from services.rabbitmq.users import RabbitMQPermissionKind, RabbitMQUserKind, RabbitMQVhostKind
+
+DEFAULT_USER = GeneratedSecret("default-user", random=("username", "password"))
+ERLANG_COOKIE = GeneratedSecret("erlang-cookie", random=("cookie",), length=64)
+MANAGEMENT = Management(DEFAULT_USER.name("{name}"))
+# Seconds between two inspections: often while the cluster forms or misses a node.
+INSPECT_FORMING, INSPECT_FORMED = 3.0, 15.0
+
+
+@dataclass(frozen=True)
+class NodeFacts:
+    """An inspection's findings (`Inspection.facts`)."""
+
+    answers: dict[str, NodeAnswer | None]  # by pod; None: did not answer
+    incarnations: dict[str, str]  # by pod: the life of the pod each answer is from
+
+
+def cluster_view(spec: RabbitMQSpec, observed: Observed) -> ClusterView:
+    """The cluster from the nodes' last answers, counting only answers from the pods' current lives."""
+    facts: NodeFacts | None = observed.inspection.facts if observed.inspection else None
+    lives = {pod["metadata"]["name"]: incarnation(pod) for pod in observed.pods}
+    answers = {
+        pod: answer
+        for pod, answer in (facts.answers if facts else {}).items()
+        if facts and lives.get(pod) == facts.incarnations.get(pod)
+    }
+    return read_cluster(observed.name, observed.namespace, spec.replicas, answers)
+
+
+class RabbitMQPlugin(ServicePlugin):
+    kind = "RabbitMQ"
+    plural = "rabbitmqs"
+    short_names = ("rmq",)
+    service = "rabbitmq"
+    spec_model = RabbitMQSpec
+    generated_secrets = (DEFAULT_USER, ERLANG_COOKIE)
+    child_kinds = ("ConfigMap", "Service", "PodDisruptionBudget", "StatefulsetRollout")
+    user_kind = "RabbitMQUser"
+    backup_driver = "backup.drivers.rabbitmq"
+    backup_methods = ("definitions",)
+    throwaway_spec: ClassVar[dict[str, Any]] = {"replicas": 1}
+
+    def backup_env(self, name: str) -> list[dict[str, Any]]:
+        def secret(variable: str, key: str) -> dict[str, Any]:
+            return {
+                "name": variable,
+                "valueFrom": {"secretKeyRef": {"name": DEFAULT_USER.name(name), "key": key}},
+            }
+
+        return [
+            {"name": "RABBITMQ_MANAGEMENT_URL", "value": f"http://{name}:15672"},
+            secret("RABBITMQ_USERNAME", "username"),
+            secret("RABBITMQ_PASSWORD", "password"),
+        ]
+
+    def in_service_kinds(self) -> list[Any]:
+        return list(ACCESS_KINDS)
+
+    def binding_user(self, binding: str, instance: str) -> dict[str, Any]:
+        # Each application its own user and its own vhost, named after the binding.
+        return {"instance": instance, "ownVhost": True}
+
+    def binding_data(
+        self, service: dict[str, Any], user: dict[str, Any], credentials: dict[str, str], ca: str | None
+    ) -> dict[str, str]:
+        meta, status = service["metadata"], user["status"]
+        host = f"{meta['name']}.{meta['namespace']}.svc"
+        username, vhost, password = status["username"], status["vhost"], credentials["password"]
+        return {
+            "type": "rabbitmq",
+            "provider": "statefleet",
+            "host": host,
+            "port": "5672",
+            "username": username,
+            "password": password,
+            "virtual-host": vhost,
+            "uri": f"amqp://{quote(username, safe='')}:{quote(password, safe='')}@{host}:5672/"
+            + quote(vhost, safe=""),
+        }
+
+    def refuse_change(self, spec: RabbitMQSpec, observed: Observed) -> str | None:
+        running = ((observed.statefulset or {}).get("spec") or {}).get("replicas")
+        if running and spec.replicas < running:
+            # The leaving nodes stay members: with pause_minority the rest could pause, and quorum
+            # queues with members there could lose their majority.
+            return (
+                f"spec.replicas: scaling down from {running} to {spec.replicas} nodes is not supported "
+                f"yet (the leaving nodes' queue members must move first); set it back to {running}"
+            )
+        return refuse_storage_change(spec.storage, observed)
+
+    def template_context(
+        self, spec: RabbitMQSpec, version: ResolvedVersion, observed: Observed
+    ) -> dict[str, Any]:
+        # Pods restart when what they read at start changes (not the peers: read when a node
+        # first joins, so scaling restarts nobody).
+        configuration = {"config": spec.config, "plugins": spec.enabled_plugins(), "version": version.version}
+        running = len(observed.pods)
+        return {
+            "cluster_state": "initialized" if observed.status.get("initialized") else "new",
+            "peers": max(spec.replicas, running),
+            "default_user_secret": DEFAULT_USER.name(observed.name),
+            "cookie_secret": ERLANG_COOKIE.name(observed.name),
+            "config_hash": hashlib.sha256(json.dumps(configuration, sort_keys=True).encode()).hexdigest()[
+                :16
+            ],
+            **claim_context(spec.storage, observed),
+        }
+
+    def operate(self, spec: RabbitMQSpec, observed: Observed, now: float) -> Operations:
+        view = cluster_view(spec, observed)
+        status: dict[str, Any] = {
+            # Once a node has answered, a node without data always joins the others.
+            "initialized": observed.status.get("initialized") or view.answered > 0,
+            "cluster": {
+                "nodes": [pod_of(node) for node in view.running],
+                "members": len(view.members),
+                "formed": view.formed,
+                "partitions": [pod_of(node) for node in view.partitions],
+                "message": view.message,
+            },
+        }
+        before = observed.status.get("cluster") or {}
+        events = []
+        if view.formed and not before.get("formed"):
+            events.append(EventNote("Normal", "ClusterFormed", view.message))
+        if view.split and "separate clusters" not in before.get("message", ""):
+            events.append(EventNote("Warning", "ClusterSplit", view.message))
+        if view.partitions and not before.get("partitions"):
+            events.append(EventNote("Warning", "NetworkPartition", view.message))
+        return Operations(
+            status=status,
+            events=events,
+            inspect_in=INSPECT_FORMED if view.formed else INSPECT_FORMING,
+        )
+
+    async def inspect(
+        self, client: AsyncClient, observed: Observed, previous: Inspection | None
+    ) -> Inspection | None:
+        addressed = {pod["metadata"]["name"]: pod_ip(pod) for pod in observed.pods}
+        asks = {
+            pod: MANAGEMENT.cluster(client, observed.namespace, observed.name, ip)
+            for pod, ip in addressed.items()
+            if ip is not None
+        }
+        replies = dict(zip(asks, await asyncio.gather(*asks.values()), strict=True))
+        answers = {pod: replies.get(pod) for pod in addressed}
+        return Inspection(
+            at=asyncio.get_running_loop().time(),
+            facts=NodeFacts(answers, {pod["metadata"]["name"]: incarnation(pod) for pod in observed.pods}),
+            answered=any(answer is not None for answer in answers.values()),
+        )
+
+    def read_status(self, spec: RabbitMQSpec, version: ResolvedVersion, observed: Observed) -> ServiceStatus:
+        ready_pods = {p["metadata"]["name"] for p in observed.pods if pod_ready(p)}
+        wanted = {f"{observed.name}-{i}" for i in range(spec.replicas)}
+        ready = len(ready_pods & wanted)
+        view = cluster_view(spec, observed)
+        serving = view.quorum and ready > spec.replicas // 2
+        message = f"{ready} of {spec.replicas} nodes ready; {view.message}"
+        host = f"{observed.name}.{observed.namespace}.svc"
+        return ServiceStatus(
+            ready_instances=ready,
+            instances=spec.replicas,
+            ready=serving,
+            degraded=serving and not (view.formed and ready == spec.replicas),
+            message=message,
+            fields={
+                "endpoints": {"amqp": f"amqp://{host}:5672", "management": f"http://{host}:15672"},
+                "defaultUserSecret": DEFAULT_USER.name(observed.name),
+            },
+        )
+
+    def status_properties(self) -> dict[str, Any]:
+        return {
+            "initialized": {"type": "boolean", "description": "a node has answered once"},
+            "cluster": {
+                "type": "object",
+                "description": "the cluster as its nodes last described it",
+                "properties": {
+                    "nodes": {"type": "array", "items": {"type": "string"}, "description": "pods running"},
+                    "members": {"type": "integer", "description": "nodes the cluster knows"},
+                    "formed": {"type": "boolean", "description": "every node runs in one cluster"},
+                    "partitions": {"type": "array", "items": {"type": "string"}},
+                    "message": {"type": "string"},
+                },
+            },
+            "defaultUserSecret": {"type": "string"},
+            "endpoints": {
+                "type": "object",
+                "properties": {"amqp": {"type": "string"}, "management": {"type": "string"}},
+            },
+        }
+
+    def printer_columns(self) -> list[dict[str, Any]]:
+        columns = super().printer_columns()
+        columns.insert(3, {"name": "Formed", "type": "boolean", "jsonPath": ".status.cluster.formed"})
+        return columns
+
+
+ACCESS_KINDS = tuple(
+    kind(MANAGEMENT, RabbitMQPlugin.resource())
+    for kind in (RabbitMQUserKind, RabbitMQVhostKind, RabbitMQPermissionKind)
+)

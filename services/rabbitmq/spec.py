@@ -1,0 +1,120 @@
+"""The `RabbitMQ` resource's spec."""
+
+from __future__ import annotations
+
+import re
+
+from pydantic import Field, field_validator
+
+from framework.spec import (
+    ApiModel,
+    BootstrapSpec,
+    DeletionPolicy,
+    PodTemplateOverrides,
+    ResourcesSpec,
+    StorageSpec,
+)
+
+# rabbitmq.conf keys the operator sets: a user's value would break cluster formation, the
+# Services, the default user or the management API the operator talks to.
+MANAGED_CONFIG_PREFIXES = (
+    "cluster_formation.",
+    "cluster_name",
+    "listeners.tcp",
+    "management.tcp",
+    "management.listener",
+    "management.path_prefix",
+    "prometheus.tcp",
+    "default_user",
+    "default_pass",
+    "loopback_users",
+)
+PLUGIN_PATTERN = r"^[a-z][a-z0-9_]*$"
+# Always on: the operator talks to the management API, Prometheus scrapes the nodes.
+BUILT_IN_PLUGINS = ("rabbitmq_management", "rabbitmq_prometheus")
+
+
+TWO_NODES = (
+    "two nodes cannot keep a majority when one is lost (each pauses, and quorum queues stop): "
+    "use 1, or 3 or more"
+)
+
+
+def managed_key(key: str) -> bool:
+    return key.startswith(MANAGED_CONFIG_PREFIXES)  # as the CEL rule checks it
+
+
+class RabbitMQSpec(ApiModel):
+    version: str | None = Field(
+        default=None,
+        description="RabbitMQ version, from the version catalog (its default when empty).",
+    )
+    replicas: int = Field(
+        default=1,
+        ge=1,
+        le=9,
+        description="Nodes of the cluster (not 2). Three or more keep quorum queues available when a node "
+        "is lost.",
+        json_schema_extra={"x-kubernetes-validations": [{"rule": "self != 2", "message": TWO_NODES}]},
+    )
+    storage: StorageSpec
+    resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
+    config: dict[str, str] = Field(
+        default_factory=dict,
+        max_length=200,
+        description="rabbitmq.conf entries, e.g. {vm_memory_high_watermark.relative: '0.6'}.",
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "self.all(k, "
+                    + " && ".join(f'!k.startsWith("{prefix}")' for prefix in MANAGED_CONFIG_PREFIXES)
+                    + ")",
+                    "message": "config may not set what the operator manages: "
+                    + ", ".join(MANAGED_CONFIG_PREFIXES),
+                }
+            ]
+        },
+    )
+    plugins: list[str] = Field(
+        default_factory=list,
+        max_length=50,
+        description="Plugins to enable besides rabbitmq_management and rabbitmq_prometheus, "
+        "e.g. [rabbitmq_shovel, rabbitmq_federation].",
+        json_schema_extra={"items": {"type": "string", "pattern": PLUGIN_PATTERN}},
+    )
+    bootstrap: BootstrapSpec | None = Field(
+        default=None, description="Made from a backup: its definitions are imported once the cluster runs."
+    )
+    pod_template: PodTemplateOverrides = Field(default_factory=PodTemplateOverrides)
+    deletion_policy: DeletionPolicy = Field(
+        default=DeletionPolicy.RETAIN, description="What happens to the volumes when the RabbitMQ is deleted."
+    )
+
+    @field_validator("replicas")
+    @classmethod
+    def not_two(cls, replicas: int) -> int:
+        if replicas == 2:
+            raise ValueError(TWO_NODES)
+        return replicas
+
+    @field_validator("config")
+    @classmethod
+    def no_managed_config(cls, config: dict[str, str]) -> dict[str, str]:
+        managed = sorted(key for key in config if managed_key(key))
+        if managed:
+            raise ValueError(f"{', '.join(managed)} managed by the operator")
+        bad = sorted(key for key, value in config.items() if "\n" in key or "\n" in value or "=" in key)
+        if bad:
+            raise ValueError(f"{', '.join(bad)}: one rabbitmq.conf line each (no '=' in a key, no newline)")
+        return config
+
+    @field_validator("plugins")
+    @classmethod
+    def known_shape(cls, plugins: list[str]) -> list[str]:
+        bad = [plugin for plugin in plugins if not re.match(PLUGIN_PATTERN, plugin)]
+        if bad:
+            raise ValueError(f"{', '.join(bad)}: not a plugin name")
+        return plugins
+
+    def enabled_plugins(self) -> list[str]:
+        return sorted(set(BUILT_IN_PLUGINS) | set(self.plugins))

@@ -1,0 +1,439 @@
+"""`RabbitMQUser`, `RabbitMQVhost`, `RabbitMQPermission`: a cluster's users, vhosts and
+permissions as resources of their own, made through the management API.
+
+Every pass reads what the cluster has and sends (planned in `services.rabbitmq.access`, pure)
+only what differs, so a pass repeated makes nothing twice. A password Secret changed by hand
+is applied within a minute (every object is looked at again that often). Deleting a user
+deletes it (and, RabbitMQ does it, its permissions) but keeps the vhost made for it, whose
+queues hold messages; a vhost is deleted with its resource only with `deletionPolicy: Delete`.
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+from typing import Any
+
+from lightkube import AsyncClient
+from lightkube.resources.core_v1 import Secret
+from pydantic import ConfigDict, Field
+
+from framework import conditions
+from framework.api import get_or_none
+from framework.inservice import InServiceKind, Outcome, Ref, credentials_secret
+from framework.spec import ApiModel, DeletionPolicy
+from services.rabbitmq.access import (
+    KNOWN_TAGS,
+    AccessPlan,
+    Permissions,
+    WantedUser,
+    marker,
+    permission_path,
+    plan_permission,
+    plan_user,
+    plan_vhost,
+    tags_of,
+    user_path,
+    vhost_path,
+)
+from services.rabbitmq.management import Management
+
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,254}$"
+RESERVED_USERS = frozenset({"guest"})
+
+
+def immutable(field: str) -> dict[str, Any]:
+    return {"x-kubernetes-validations": [{"rule": "self == oldSelf", "message": f"{field} is immutable"}]}
+
+
+def optional_immutable(field: str) -> dict[str, Any]:
+    return {
+        "x-kubernetes-validations": [
+            {
+                "rule": f"has(self.{field}) == has(oldSelf.{field}) && "
+                f"(!has(self.{field}) || self.{field} == oldSelf.{field})",
+                "message": f"{field} is immutable",
+            }
+        ]
+    }
+
+
+INSTANCE_FIELD = Field(
+    min_length=1,
+    description="The RabbitMQ, in the same namespace.",
+    json_schema_extra=immutable("instance"),
+)
+
+
+class RabbitMQUserSpec(ApiModel):
+    model_config = ConfigDict(json_schema_extra=optional_immutable("username"))
+    instance: str = INSTANCE_FIELD
+    username: str | None = Field(
+        default=None, pattern=NAME_PATTERN, description="The user's name; the resource's name when empty."
+    )
+    tags: list[str] = Field(
+        default_factory=list,
+        max_length=len(KNOWN_TAGS),
+        description="RabbitMQ user tags: " + ", ".join(KNOWN_TAGS) + ".",
+        json_schema_extra={"items": {"type": "string", "enum": list(KNOWN_TAGS)}},
+    )
+    own_vhost: bool = Field(
+        default=False,
+        description="A vhost named after the user, with every permission on it (kept when the user goes).",
+    )
+    password_secret: str | None = Field(
+        default=None,
+        description="A Secret whose `password` entry is the user's password; when empty the operator "
+        "generates <name>-credentials. Edit the Secret to change the password.",
+    )
+    deletion_policy: DeletionPolicy = Field(
+        default=DeletionPolicy.DELETE, description="Delete deletes the user; Retain keeps it."
+    )
+
+
+class RabbitMQVhostSpec(ApiModel):
+    model_config = ConfigDict(json_schema_extra=optional_immutable("name"))
+    instance: str = INSTANCE_FIELD
+    name: str | None = Field(
+        default=None,
+        pattern=NAME_PATTERN,
+        description="The vhost's name; the resource's name when empty.",
+    )
+    description: str = Field(default="", max_length=1024)
+    deletion_policy: DeletionPolicy = Field(
+        default=DeletionPolicy.RETAIN,
+        description="Delete deletes the vhost with its queues and messages; Retain (the default) keeps it.",
+    )
+
+
+class RabbitMQPermissionSpec(ApiModel):
+    instance: str = INSTANCE_FIELD
+    user: str = Field(
+        pattern=NAME_PATTERN,
+        description="The user's name (in RabbitMQ).",
+        json_schema_extra=immutable("user"),
+    )
+    vhost: str = Field(
+        min_length=1, max_length=255, description="The vhost's name.", json_schema_extra=immutable("vhost")
+    )
+    configure: str = Field(default=".*", description="Regular expression of the resources it may configure.")
+    write: str = Field(default=".*", description="... it may publish to.")
+    read: str = Field(default=".*", description="... it may consume from.")
+
+
+def checked_name(value: str, where: str) -> str:
+    if not re.match(NAME_PATTERN, value):
+        raise ValueError(f"{where}: {value!r} is not a name (letters, digits, _ . -)")
+    return value
+
+
+def own_vhost_clash(
+    user: str, vhost: str, found_user: dict[str, Any], found_vhost: dict[str, Any]
+) -> str | None:
+    """A user's permissions on the vhost made for it (`ownVhost`) are its RabbitMQUser's: a
+    RabbitMQPermission would undo them on every pass, and revoke them when deleted."""
+    shared = {tag for tag in tags_of(found_user) & tags_of(found_vhost) if tag.startswith("statefleet:")}
+    if user == vhost and shared:
+        owner = sorted(shared)[0].removeprefix("statefleet:")
+        return (
+            f"spec.vhost: {vhost} is the own vhost of user {user}, whose permissions "
+            f"RabbitMQUser {owner} keeps"
+        )
+    return None
+
+
+class AccessKind(InServiceKind):
+    """What the three kinds share: the instance they live in, reached through its Service."""
+
+    def __init__(self, management: Management, instances: Any) -> None:
+        self.management = management
+        self.instances = instances  # the RabbitMQ resource class
+
+    async def address(
+        self, client: AsyncClient, namespace: str, instance: str
+    ) -> tuple[str | None, Outcome | None]:
+        """The management API's address, or the Outcome that says why there is none yet."""
+        depends = frozenset({Ref("RabbitMQ", instance)})
+        found = await get_or_none(client, self.instances, instance, namespace)
+        if found is None:
+            return None, Outcome(
+                False,
+                "InstanceNotFound",
+                f"spec.instance: RabbitMQ {instance} does not exist in namespace {namespace}",
+                depends_on=depends,
+            )
+        ready = conditions.find((found.get("status") or {}).get("conditions"), conditions.READY)
+        if not ready or ready.get("status") != "True":
+            return None, Outcome(
+                False,
+                "InstanceNotReady",
+                f"RabbitMQ {instance} is not ready yet",
+                depends_on=depends,
+                retry_in=5,
+            )
+        return await self.management.service_address(client, namespace, instance), None
+
+    async def send(
+        self, client: AsyncClient, namespace: str, instance: str, ip: str, plan: AccessPlan
+    ) -> None:
+        for request in plan.requests:
+            await self.management.change(
+                client, namespace, instance, ip, request.method, request.path, request.body
+            )
+
+
+class RabbitMQUserKind(AccessKind):
+    kind = "RabbitMQUser"
+    plural = "rabbitmqusers"
+    short_names = ("rmquser",)
+    spec_model = RabbitMQUserSpec
+
+    async def reconcile(self, client: AsyncClient, body: dict[str, Any], spec: RabbitMQUserSpec) -> Outcome:
+        meta = body["metadata"]
+        namespace, name = meta["namespace"], meta["name"]
+        status = body.get("status") or {}
+        where = (
+            "spec.username"
+            if spec.username
+            else "metadata.name (the user's name when spec.username is empty)"
+        )
+        try:
+            username = checked_name(spec.username or name, where)
+        except ValueError as error:
+            return Outcome(False, "InvalidSpec", str(error))
+        if username in RESERVED_USERS:
+            return Outcome(False, "InvalidSpec", f"{where}: {username} is RabbitMQ's own")
+        depends = frozenset({Ref("RabbitMQ", spec.instance)})
+        ip, waiting = await self.address(client, namespace, spec.instance)
+        if waiting:
+            return waiting
+        assert ip is not None
+        secret_name = spec.password_secret or f"{name}-credentials"
+        secret = await get_or_none(client, Secret, secret_name, namespace)
+        if secret is None and spec.password_secret:
+            return Outcome(
+                False,
+                "SecretNotFound",
+                f"spec.passwordSecret: Secret {secret_name} does not exist in namespace {namespace}",
+                depends_on=depends,
+                retry_in=10,  # Secrets are not watched
+            )
+        if secret is None:
+            secret = (
+                await client.create(credentials_secret(self.kind, body, secret_name, username))
+            ).to_dict()
+        password = base64.b64decode((secret.get("data") or {}).get("password", "")).decode()
+        if not password:
+            return Outcome(
+                False,
+                "SecretInvalid",
+                f"spec.passwordSecret: Secret {secret_name} has no `password` entry, or an empty one",
+                depends_on=depends,
+                retry_in=10,
+            )
+        version = f"{secret['metadata']['uid']}/{secret['metadata']['resourceVersion']}"
+        vhost = username if spec.own_vhost else None
+        wanted = WantedUser(
+            username=username,
+            marker=marker(namespace, name),
+            tags=frozenset(spec.tags),
+            password=password,
+            password_changed=status.get("passwordVersion") != version,
+            own_vhost=vhost,
+        )
+        read = self.management.read
+        user = await read(client, namespace, spec.instance, ip, user_path(username))
+        found_vhost = await read(client, namespace, spec.instance, ip, vhost_path(vhost)) if vhost else None
+        permissions = (
+            Permissions.found(
+                await read(client, namespace, spec.instance, ip, permission_path(vhost, username))
+            )
+            if vhost
+            else None
+        )
+        planned = plan_user(wanted, user, found_vhost, permissions)
+        if planned.refusal:
+            return Outcome(False, "Refused", planned.refusal, depends_on=depends)
+        await self.send(client, namespace, spec.instance, ip, planned)
+        where_to = f" with its own vhost {vhost}" if vhost else ""
+        return Outcome(
+            True,
+            "Reconciled",
+            f"user {username} in RabbitMQ {spec.instance}{where_to}; password from Secret {secret_name}",
+            fields={"username": username, "vhost": vhost, "secret": secret_name, "passwordVersion": version},
+            depends_on=depends,
+            events=tuple(planned.events),
+        )
+
+    async def finalize(self, client: AsyncClient, body: dict[str, Any], spec: RabbitMQUserSpec) -> Outcome:
+        meta = body["metadata"]
+        namespace, name = meta["namespace"], meta["name"]
+        if spec.deletion_policy == DeletionPolicy.RETAIN:
+            return Outcome(True, "Retained", "the user is kept (deletionPolicy Retain)")
+        username = spec.username or name
+        if await get_or_none(client, self.instances, spec.instance, namespace) is None:
+            return Outcome(True, "InstanceGone", f"RabbitMQ {spec.instance} is gone, and its user {username}")
+        ip, waiting = await self.address(client, namespace, spec.instance)
+        if waiting:
+            return Outcome(
+                False, "DeletionBlocked", f"to delete user {username}: {waiting.message}", retry_in=5
+            )
+        assert ip is not None
+        user = await self.management.read(client, namespace, spec.instance, ip, user_path(username))
+        if user is None or marker(namespace, name) not in tags_of(user):
+            return Outcome(True, "Deleted", f"user {username} is not there, or not this resource's")
+        await self.management.change(client, namespace, spec.instance, ip, "DELETE", user_path(username))
+        return Outcome(True, "Deleted", f"user {username} deleted from RabbitMQ {spec.instance}")
+
+    def status_properties(self) -> dict[str, Any]:
+        return {
+            "username": {"type": "string"},
+            "vhost": {"type": "string", "description": "its own vhost"},
+            "secret": {"type": "string", "description": "the Secret with the user's password"},
+            "passwordVersion": {"type": "string", "description": "the Secret's version last applied"},
+        }
+
+    def printer_columns(self) -> list[dict[str, Any]]:
+        columns = super().printer_columns()
+        columns[0:0] = [
+            {"name": "Instance", "type": "string", "jsonPath": ".spec.instance"},
+            {"name": "User", "type": "string", "jsonPath": ".status.username"},
+            {"name": "Vhost", "type": "string", "jsonPath": ".status.vhost"},
+        ]
+        return columns
+
+
+class RabbitMQVhostKind(AccessKind):
+    kind = "RabbitMQVhost"
+    plural = "rabbitmqvhosts"
+    short_names = ("rmqvhost",)
+    spec_model = RabbitMQVhostSpec
+
+    async def reconcile(self, client: AsyncClient, body: dict[str, Any], spec: RabbitMQVhostSpec) -> Outcome:
+        meta = body["metadata"]
+        namespace, name = meta["namespace"], meta["name"]
+        vhost = spec.name or name
+        ip, waiting = await self.address(client, namespace, spec.instance)
+        if waiting:
+            return waiting
+        assert ip is not None
+        depends = frozenset({Ref("RabbitMQ", spec.instance)})
+        found = await self.management.read(client, namespace, spec.instance, ip, vhost_path(vhost))
+        planned = plan_vhost(vhost, marker(namespace, name), spec.description, found)
+        if planned.refusal:
+            return Outcome(False, "Refused", planned.refusal, depends_on=depends)
+        await self.send(client, namespace, spec.instance, ip, planned)
+        return Outcome(
+            True,
+            "Reconciled",
+            f"vhost {vhost} in RabbitMQ {spec.instance}",
+            fields={"vhost": vhost},
+            depends_on=depends,
+            events=tuple(planned.events),
+        )
+
+    async def finalize(self, client: AsyncClient, body: dict[str, Any], spec: RabbitMQVhostSpec) -> Outcome:
+        meta = body["metadata"]
+        namespace, name = meta["namespace"], meta["name"]
+        vhost = spec.name or name
+        if spec.deletion_policy == DeletionPolicy.RETAIN:
+            return Outcome(True, "Retained", f"vhost {vhost} is kept with its queues (deletionPolicy Retain)")
+        if await get_or_none(client, self.instances, spec.instance, namespace) is None:
+            return Outcome(True, "InstanceGone", f"RabbitMQ {spec.instance} is gone, and its vhost {vhost}")
+        ip, waiting = await self.address(client, namespace, spec.instance)
+        if waiting:
+            return Outcome(
+                False, "DeletionBlocked", f"to delete vhost {vhost}: {waiting.message}", retry_in=5
+            )
+        assert ip is not None
+        found = await self.management.read(client, namespace, spec.instance, ip, vhost_path(vhost))
+        if found is None or marker(namespace, name) not in tags_of(found):
+            return Outcome(True, "Deleted", f"vhost {vhost} is not there, or not this resource's")
+        await self.management.change(client, namespace, spec.instance, ip, "DELETE", vhost_path(vhost))
+        return Outcome(
+            True, "Deleted", f"vhost {vhost} deleted from RabbitMQ {spec.instance} with its queues"
+        )
+
+    def status_properties(self) -> dict[str, Any]:
+        return {"vhost": {"type": "string"}}
+
+    def printer_columns(self) -> list[dict[str, Any]]:
+        columns = super().printer_columns()
+        columns[0:0] = [
+            {"name": "Instance", "type": "string", "jsonPath": ".spec.instance"},
+            {"name": "Vhost", "type": "string", "jsonPath": ".status.vhost"},
+        ]
+        return columns
+
+
+class RabbitMQPermissionKind(AccessKind):
+    kind = "RabbitMQPermission"
+    plural = "rabbitmqpermissions"
+    short_names = ("rmqperm",)
+    spec_model = RabbitMQPermissionSpec
+
+    async def reconcile(
+        self, client: AsyncClient, body: dict[str, Any], spec: RabbitMQPermissionSpec
+    ) -> Outcome:
+        namespace = body["metadata"]["namespace"]
+        ip, waiting = await self.address(client, namespace, spec.instance)
+        if waiting:
+            return waiting
+        assert ip is not None
+        depends = frozenset({Ref("RabbitMQ", spec.instance)})
+        read = self.management.read
+        found_objects = {}
+        for what, path in (("user", user_path(spec.user)), ("vhost", vhost_path(spec.vhost))):
+            found_objects[what] = await read(client, namespace, spec.instance, ip, path)
+            if found_objects[what] is None:
+                value = spec.user if what == "user" else spec.vhost
+                return Outcome(
+                    False,
+                    "NotFound",
+                    f"spec.{what}: no {what} {value} in RabbitMQ {spec.instance} yet",
+                    depends_on=depends,
+                    retry_in=10,
+                )
+        refusal = own_vhost_clash(spec.user, spec.vhost, found_objects["user"], found_objects["vhost"])
+        if refusal:
+            return Outcome(False, "Refused", refusal, depends_on=depends)
+        wanted = Permissions(spec.configure, spec.write, spec.read)
+        found = Permissions.found(
+            await read(client, namespace, spec.instance, ip, permission_path(spec.vhost, spec.user))
+        )
+        await self.send(
+            client, namespace, spec.instance, ip, plan_permission(spec.vhost, spec.user, wanted, found)
+        )
+        return Outcome(
+            True,
+            "Reconciled",
+            f"{spec.user} on vhost {spec.vhost}: configure {spec.configure!r}, write {spec.write!r}, "
+            f"read {spec.read!r}",
+            depends_on=depends,
+        )
+
+    async def finalize(
+        self, client: AsyncClient, body: dict[str, Any], spec: RabbitMQPermissionSpec
+    ) -> Outcome:
+        namespace = body["metadata"]["namespace"]
+        if await get_or_none(client, self.instances, spec.instance, namespace) is None:
+            return Outcome(True, "InstanceGone", f"RabbitMQ {spec.instance} is gone")
+        ip, waiting = await self.address(client, namespace, spec.instance)
+        if waiting:
+            return Outcome(
+                False, "DeletionBlocked", f"to revoke the permission: {waiting.message}", retry_in=5
+            )
+        assert ip is not None
+        await self.management.change(
+            client, namespace, spec.instance, ip, "DELETE", permission_path(spec.vhost, spec.user)
+        )
+        return Outcome(True, "Revoked", f"{spec.user} has no permission on vhost {spec.vhost} any more")
+
+    def printer_columns(self) -> list[dict[str, Any]]:
+        columns = super().printer_columns()
+        columns[0:0] = [
+            {"name": "Instance", "type": "string", "jsonPath": ".spec.instance"},
+            {"name": "User", "type": "string", "jsonPath": ".spec.user"},
+            {"name": "Vhost", "type": "string", "jsonPath": ".spec.vhost"},
+        ]
+        return columns
