@@ -28,7 +28,7 @@ from lightkube.types import PatchType
 from pydantic import BaseModel, ValidationError
 
 from framework import conditions, crd
-from framework.api import about, post_event
+from framework.api import about, get_or_none, post_event
 from framework.conditions import Condition
 from framework.crd import GROUP, VERSION
 from framework.plugin import LABEL_MANAGED_BY, LABEL_PART_OF, MANAGER
@@ -40,6 +40,7 @@ from framework.reconcile import (
     status_changed,
     status_patch,
 )
+from framework.secrets import decoded
 
 log = logging.getLogger("statefleet")
 
@@ -131,6 +132,52 @@ def credentials_secret(kind: str, body: dict[str, Any], name: str, username: str
             ownerReferences=[owner_reference(kind, body)],
         ),
         stringData={"username": username, "password": secrets.token_urlsafe(24)},
+    )
+
+
+@dataclass(frozen=True)
+class UserPassword:
+    secret: str  # the Secret's name
+    password: str
+    version: str  # the Secret's uid/resourceVersion: a new one means the password may have changed
+
+
+async def user_password(
+    client: AsyncClient,
+    kind: str,
+    body: dict[str, Any],
+    password_secret: str | None,
+    username: str,
+    depends: frozenset[Ref],
+) -> UserPassword | Outcome:
+    """The password of user resource `body` of `kind`: from the Secret the user named
+    (`spec.passwordSecret`), else from `<name>-credentials`, generated once; or the Outcome that
+    says why there is none."""
+    meta = body["metadata"]
+    namespace = meta["namespace"]
+    name = password_secret or f"{meta['name']}-credentials"
+    secret = await get_or_none(client, Secret, name, namespace)
+    if secret is None and password_secret:
+        return Outcome(
+            False,
+            "SecretNotFound",
+            f"spec.passwordSecret: Secret {name} does not exist in namespace {namespace}",
+            depends_on=depends,
+            retry_in=10,  # Secrets are not watched
+        )
+    if secret is None:
+        secret = (await client.create(credentials_secret(kind, body, name, username))).to_dict()
+    password = decoded(secret).get("password", "")
+    if not password:
+        return Outcome(
+            False,
+            "SecretInvalid",
+            f"spec.passwordSecret: Secret {name} has no `password` entry, or an empty one",
+            depends_on=depends,
+            retry_in=10,
+        )
+    return UserPassword(
+        name, password, f"{secret['metadata']['uid']}/{secret['metadata']['resourceVersion']}"
     )
 
 

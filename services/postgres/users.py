@@ -16,19 +16,18 @@ included, goes to `postgres`: no data is lost) and `DROP OWNED` in every databas
 
 from __future__ import annotations
 
-import base64
 import re
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from lightkube import AsyncClient
-from lightkube.resources.core_v1 import Pod, Secret
+from lightkube.resources.core_v1 import Pod
 from psycopg import AsyncConnection, sql
 from pydantic import ConfigDict, Field
 
 from backup.drivers import postgres_replace
 from framework.api import get_or_none
-from framework.inservice import InServiceKind, Outcome, Ref, credentials_secret
+from framework.inservice import InServiceKind, Outcome, Ref, user_password
 from framework.reconcile import EventNote
 from framework.spec import ApiModel, DeletionPolicy
 from services.postgres.instances import Servers
@@ -317,7 +316,6 @@ class PostgresUserKind(InServiceKind):
         except ValueError as error:
             return Outcome(False, "InvalidSpec", str(error))
         database = database_name(role, spec)
-        secret_name = spec.password_secret or f"{name}-credentials"
         depends = frozenset({Ref("Postgres", spec.instance)})
         instance, address = await self._instance(client, namespace, spec)
         if instance is None:
@@ -335,27 +333,10 @@ class PostgresUserKind(InServiceKind):
                 depends_on=depends,
                 retry_in=5,
             )
-        secret = await get_or_none(client, Secret, secret_name, namespace)
-        if secret is None and spec.password_secret:
-            return Outcome(
-                False,
-                "SecretNotFound",
-                f"spec.passwordSecret: Secret {secret_name} does not exist in namespace {namespace}",
-                depends_on=depends,
-                retry_in=10,  # Secrets are not watched
-            )
-        if secret is None:
-            secret = (await client.create(credentials_secret(self.kind, body, secret_name, role))).to_dict()
-        password = base64.b64decode((secret.get("data") or {}).get("password", "")).decode()
-        if not password:
-            return Outcome(
-                False,
-                "SecretInvalid",
-                f"spec.passwordSecret: Secret {secret_name} has no `password` entry, or an empty one",
-                depends_on=depends,
-                retry_in=10,
-            )
-        version = f"{secret['metadata']['uid']}/{secret['metadata']['resourceVersion']}"
+        found = await user_password(client, self.kind, body, spec.password_secret, role, depends)
+        if isinstance(found, Outcome):
+            return found
+        secret_name, password, version = found.secret, found.password, found.version
         wanted = Wanted(
             role=role,
             marker=marker(namespace, name),

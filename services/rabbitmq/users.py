@@ -10,17 +10,15 @@ queues hold messages; a vhost is deleted with its resource only with `deletionPo
 
 from __future__ import annotations
 
-import base64
 import re
 from typing import Any
 
 from lightkube import AsyncClient
-from lightkube.resources.core_v1 import Secret
 from pydantic import ConfigDict, Field
 
 from framework import conditions
 from framework.api import get_or_none
-from framework.inservice import InServiceKind, Outcome, Ref, credentials_secret
+from framework.inservice import InServiceKind, Outcome, Ref, user_password
 from framework.spec import ApiModel, DeletionPolicy
 from services.rabbitmq.access import (
     KNOWN_TAGS,
@@ -181,6 +179,32 @@ class AccessKind(InServiceKind):
                 client, namespace, instance, ip, request.method, request.path, request.body
             )
 
+    async def delete(
+        self,
+        client: AsyncClient,
+        body: dict[str, Any],
+        instance: str,
+        what: str,
+        path: str,
+        marked: bool = True,
+    ) -> Outcome:
+        """Deletes `what` (at `path`) from the instance; with `marked`, only when it carries this
+        resource's mark (what someone else made stays)."""
+        meta = body["metadata"]
+        namespace = meta["namespace"]
+        ip, waiting = await self.address(client, namespace, instance)
+        if waiting and waiting.reason == "InstanceNotFound":
+            return Outcome(True, "InstanceGone", f"RabbitMQ {instance} is gone, and {what} with it")
+        if waiting:
+            return Outcome(False, "DeletionBlocked", f"to delete {what}: {waiting.message}", retry_in=5)
+        assert ip is not None
+        if marked:
+            found = await self.management.read(client, namespace, instance, ip, path)
+            if found is None or marker(namespace, meta["name"]) not in tags_of(found):
+                return Outcome(True, "Deleted", f"{what}: not there, or not this resource's")
+        await self.management.change(client, namespace, instance, ip, "DELETE", path)
+        return Outcome(True, "Deleted", f"{what}: deleted from RabbitMQ {instance}")
+
 
 class RabbitMQUserKind(AccessKind):
     kind = "RabbitMQUser"
@@ -208,30 +232,10 @@ class RabbitMQUserKind(AccessKind):
         if waiting:
             return waiting
         assert ip is not None
-        secret_name = spec.password_secret or f"{name}-credentials"
-        secret = await get_or_none(client, Secret, secret_name, namespace)
-        if secret is None and spec.password_secret:
-            return Outcome(
-                False,
-                "SecretNotFound",
-                f"spec.passwordSecret: Secret {secret_name} does not exist in namespace {namespace}",
-                depends_on=depends,
-                retry_in=10,  # Secrets are not watched
-            )
-        if secret is None:
-            secret = (
-                await client.create(credentials_secret(self.kind, body, secret_name, username))
-            ).to_dict()
-        password = base64.b64decode((secret.get("data") or {}).get("password", "")).decode()
-        if not password:
-            return Outcome(
-                False,
-                "SecretInvalid",
-                f"spec.passwordSecret: Secret {secret_name} has no `password` entry, or an empty one",
-                depends_on=depends,
-                retry_in=10,
-            )
-        version = f"{secret['metadata']['uid']}/{secret['metadata']['resourceVersion']}"
+        found = await user_password(client, self.kind, body, spec.password_secret, username, depends)
+        if isinstance(found, Outcome):
+            return found
+        secret_name, password, version = found.secret, found.password, found.version
         vhost = username if spec.own_vhost else None
         wanted = WantedUser(
             username=username,
@@ -266,24 +270,10 @@ class RabbitMQUserKind(AccessKind):
         )
 
     async def finalize(self, client: AsyncClient, body: dict[str, Any], spec: RabbitMQUserSpec) -> Outcome:
-        meta = body["metadata"]
-        namespace, name = meta["namespace"], meta["name"]
         if spec.deletion_policy == DeletionPolicy.RETAIN:
             return Outcome(True, "Retained", "the user is kept (deletionPolicy Retain)")
-        username = spec.username or name
-        if await get_or_none(client, self.instances, spec.instance, namespace) is None:
-            return Outcome(True, "InstanceGone", f"RabbitMQ {spec.instance} is gone, and its user {username}")
-        ip, waiting = await self.address(client, namespace, spec.instance)
-        if waiting:
-            return Outcome(
-                False, "DeletionBlocked", f"to delete user {username}: {waiting.message}", retry_in=5
-            )
-        assert ip is not None
-        user = await self.management.read(client, namespace, spec.instance, ip, user_path(username))
-        if user is None or marker(namespace, name) not in tags_of(user):
-            return Outcome(True, "Deleted", f"user {username} is not there, or not this resource's")
-        await self.management.change(client, namespace, spec.instance, ip, "DELETE", user_path(username))
-        return Outcome(True, "Deleted", f"user {username} deleted from RabbitMQ {spec.instance}")
+        username = spec.username or body["metadata"]["name"]
+        return await self.delete(client, body, spec.instance, f"user {username}", user_path(username))
 
     def status_properties(self) -> dict[str, Any]:
         return {
@@ -333,25 +323,11 @@ class RabbitMQVhostKind(AccessKind):
         )
 
     async def finalize(self, client: AsyncClient, body: dict[str, Any], spec: RabbitMQVhostSpec) -> Outcome:
-        meta = body["metadata"]
-        namespace, name = meta["namespace"], meta["name"]
-        vhost = spec.name or name
+        vhost = spec.name or body["metadata"]["name"]
         if spec.deletion_policy == DeletionPolicy.RETAIN:
             return Outcome(True, "Retained", f"vhost {vhost} is kept with its queues (deletionPolicy Retain)")
-        if await get_or_none(client, self.instances, spec.instance, namespace) is None:
-            return Outcome(True, "InstanceGone", f"RabbitMQ {spec.instance} is gone, and its vhost {vhost}")
-        ip, waiting = await self.address(client, namespace, spec.instance)
-        if waiting:
-            return Outcome(
-                False, "DeletionBlocked", f"to delete vhost {vhost}: {waiting.message}", retry_in=5
-            )
-        assert ip is not None
-        found = await self.management.read(client, namespace, spec.instance, ip, vhost_path(vhost))
-        if found is None or marker(namespace, name) not in tags_of(found):
-            return Outcome(True, "Deleted", f"vhost {vhost} is not there, or not this resource's")
-        await self.management.change(client, namespace, spec.instance, ip, "DELETE", vhost_path(vhost))
-        return Outcome(
-            True, "Deleted", f"vhost {vhost} deleted from RabbitMQ {spec.instance} with its queues"
+        return await self.delete(
+            client, body, spec.instance, f"vhost {vhost} with its queues", vhost_path(vhost)
         )
 
     def status_properties(self) -> dict[str, Any]:
@@ -415,19 +391,10 @@ class RabbitMQPermissionKind(AccessKind):
     async def finalize(
         self, client: AsyncClient, body: dict[str, Any], spec: RabbitMQPermissionSpec
     ) -> Outcome:
-        namespace = body["metadata"]["namespace"]
-        if await get_or_none(client, self.instances, spec.instance, namespace) is None:
-            return Outcome(True, "InstanceGone", f"RabbitMQ {spec.instance} is gone")
-        ip, waiting = await self.address(client, namespace, spec.instance)
-        if waiting:
-            return Outcome(
-                False, "DeletionBlocked", f"to revoke the permission: {waiting.message}", retry_in=5
-            )
-        assert ip is not None
-        await self.management.change(
-            client, namespace, spec.instance, ip, "DELETE", permission_path(spec.vhost, spec.user)
+        what = f"the permission of {spec.user} on vhost {spec.vhost}"
+        return await self.delete(
+            client, body, spec.instance, what, permission_path(spec.vhost, spec.user), False
         )
-        return Outcome(True, "Revoked", f"{spec.user} has no permission on vhost {spec.vhost} any more")
 
     def printer_columns(self) -> list[dict[str, Any]]:
         columns = super().printer_columns()
