@@ -15,7 +15,8 @@ import pika.exceptions
 import pytest
 from lightkube import Client
 from lightkube.core.exceptions import ApiError
-from lightkube.resources.core_v1 import Event, Pod, Secret, Service
+from lightkube.resources.batch_v1 import Job
+from lightkube.resources.core_v1 import Event, PersistentVolumeClaim, Pod, Secret, Service
 from lightkube.types import PatchType
 
 from e2e.kube import apply, get_or_none, kubectl, pod_is_ready, secret_data, wait_reason, wait_until
@@ -94,6 +95,15 @@ def amqp(kube: Client, namespace: str, name: str, retry_for: float = 30) -> pika
             time.sleep(1)
 
 
+def amqp_to_node(kube: Client, namespace: str, name: str, pod: str) -> pika.BlockingConnection:
+    """A connection to one node (a classic queue lives on the node its client declared it on)."""
+    user, password = credentials(kube, namespace, name)
+    ip = kube.get(Pod, pod, namespace=namespace).status.podIP
+    return pika.BlockingConnection(
+        pika.ConnectionParameters(host=ip, port=5672, credentials=pika.PlainCredentials(user, password))
+    )
+
+
 def management(kube: Client, namespace: str, name: str, path: str) -> Any:
     """`GET /api/<path>` of the management API, through the client Service."""
     host = kube.get(Service, name, namespace=namespace).spec.clusterIP
@@ -124,9 +134,10 @@ class Publisher(threading.Thread):
     """An application publishing through the Service all along: one confirmed message every
     0.1 s, reconnecting when its connection is lost. Records what the broker confirmed."""
 
-    def __init__(self, kube: Client, namespace: str, name: str, queue: str) -> None:
+    def __init__(self, kube: Client, namespace: str, name: str, queue: str, prefix: str = "live") -> None:
         super().__init__(daemon=True)
         self.kube, self.namespace, self.name, self.queue = kube, namespace, name, queue
+        self.prefix = prefix
         self.confirmed: list[str] = []
         self.failures = 0
         self.longest_gap = 0.0  # seconds without a confirmed message
@@ -140,7 +151,7 @@ class Publisher(threading.Thread):
                     channel = connection.channel()
                     channel.confirm_delivery()
                     while not self.halt.is_set():
-                        body = f"live-{sent}"
+                        body = f"{self.prefix}-{sent}"
                         sent += 1
                         publish(channel, self.queue, [body])
                         self.confirmed.append(body)
@@ -185,7 +196,7 @@ def test_bad_config_is_refused_by_the_api_server(
     assert "config may not set what the operator manages" in refused.value.status.message
 
 
-def test_a_cluster_forms_serves_keeps_its_queues_when_a_node_is_lost_and_rolls_out(
+def test_a_cluster_forms_serves_keeps_its_queues_when_a_node_is_lost_rolls_out_and_scales_3_5_3(
     kube: Client, namespace: str, operator: OperatorProcess
 ) -> None:
     started = time.monotonic()
@@ -306,29 +317,102 @@ def test_a_cluster_forms_serves_keeps_its_queues_when_a_node_is_lost_and_rolls_o
         assert limit / limits_before[pod] == pytest.approx(1.25, rel=0.01)
     assert len(publisher.confirmed) > 50
 
-    # Scale up: two more nodes join the running cluster, nobody restarts. Scaling down is
-    # refused for now (the leaving nodes' queue members would have to move first).
+    # Scale up: two more nodes join the running cluster, nobody restarts.
     running = {p.metadata.name: p.metadata.uid for p in kube.list(Pod, namespace=namespace)}
     kube.patch(RabbitMQ, "events", {"spec": {"replicas": 5}}, namespace=namespace, patch_type=PatchType.MERGE)
     status = wait_formed(kube, namespace, "events", 5, timeout=300)
     assert status["cluster"]["nodes"] == [f"events-{i}" for i in range(5)]
     after = {p.metadata.name: p.metadata.uid for p in kube.list(Pod, namespace=namespace)}
     assert all(after[name] == uid for name, uid in running.items())
+
+    # Scale down 5 -> 3 without losing a message. A quorum queue on all five nodes, one whose
+    # members are only events-0 and the two leaving nodes (it must get new members first), and
+    # a classic queue with messages on events-4, which cannot move: refused, naming it.
+    def cli(*arguments: str) -> None:
+        kubectl("exec", "-n", namespace, "events-0", "-c", "rabbitmq", "--", *arguments, timeout=120)
+
+    with amqp(kube, namespace, "events") as connection:
+        channel = connection.channel()
+        channel.confirm_delivery()
+        for queue in ("wide", "narrow"):
+            channel.queue_declare(
+                queue, durable=True, arguments={"x-queue-type": "quorum", "x-quorum-initial-group-size": 5}
+            )
+            publish(channel, queue, [f"{queue}-{i}" for i in range(200)])
+    for pod in ("events-1", "events-2"):
+        cli("rabbitmq-queues", "delete_member", "narrow", f"rabbit@{pod}.events-nodes.{namespace}")
+    members = lambda queue: sorted(  # noqa: E731
+        pod_of(n) for n in management(kube, namespace, "events", f"queues/%2F/{queue}")["members"]
+    )
+    assert members("wide") == [f"events-{i}" for i in range(5)]
+    assert members("narrow") == ["events-0", "events-3", "events-4"]
+    with amqp_to_node(kube, namespace, "events", "events-4") as connection:
+        channel = connection.channel()
+        channel.confirm_delivery()
+        channel.queue_declare("jobs", durable=True)
+        publish(channel, "jobs", ["j1", "j2", "j3"])
     kube.patch(RabbitMQ, "events", {"spec": {"replicas": 3}}, namespace=namespace, patch_type=PatchType.MERGE)
     refused = wait_reason(kube, RabbitMQ, namespace, "events", "ChangeRefused")
-    assert refused.startswith("spec.replicas: scaling down from 5 to 3 nodes is not supported yet")
+    assert refused.startswith("spec.replicas: scaling down from 5 to 3 nodes would lose data: classic queues")
+    assert "jobs on events-4 (3 messages)" in refused
     time.sleep(5)
     assert len(list(kube.list(Pod, namespace=namespace))) == 5
-    kube.patch(RabbitMQ, "events", {"spec": {"replicas": 5}}, namespace=namespace, patch_type=PatchType.MERGE)
-    wait_formed(kube, namespace, "events", 5, timeout=60)
+    assert [members("wide"), members("narrow")] == [
+        [f"events-{i}" for i in range(5)],
+        ["events-0", "events-3", "events-4"],
+    ]
+    with amqp_to_node(kube, namespace, "events", "events-4") as connection:  # the user drains it
+        channel = connection.channel()
+        assert drain(channel, "jobs") == ["j1", "j2", "j3"]
+        channel.queue_delete("jobs")
+
+    scaler = Publisher(kube, namespace, "events", "orders", prefix="scale")
+    scaler.start()
+    scale_started = time.monotonic()
+    try:
+
+        def scaled_down() -> dict[str, Any] | None:
+            status = kube.get(RabbitMQ, "events", namespace=namespace).status or {}
+            done = (
+                "scaleDown" not in status
+                and status.get("readyInstances") == 3
+                and (status.get("cluster") or {}).get("members") == 3
+                and len(list(kube.list(Pod, namespace=namespace))) == 3
+            )
+            return status if done else None
+
+        status = wait_until("the scale-down to 3 nodes", scaled_down, 600, 1)
+        scale_took = time.monotonic() - scale_started
+        time.sleep(2)
+    finally:
+        scaler.halt.set()
+        scaler.join(30)
+    print(
+        f"scale-down 5 -> 3 in {scale_took:.1f} s; the publisher had {len(scaler.confirmed)} messages "
+        f"confirmed, {scaler.failures} lost connections, at most {scaler.longest_gap:.1f} s without a confirm"
+    )
+    nodes = management(kube, namespace, "events", "nodes")
+    assert sorted(pod_of(n["name"]) for n in nodes) == ["events-0", "events-1", "events-2"]
+    assert members("wide") == members("narrow") == ["events-0", "events-1", "events-2"]
+    claims = {c.metadata.name for c in kube.list(PersistentVolumeClaim, namespace=namespace)}
+    assert claims == {f"data-events-{i}" for i in range(3)}
+    reasons = [e.reason for e in kube.list(Event, namespace=namespace) if e.involvedObject.kind == "RabbitMQ"]
+    assert {"ScalingDown", "QueuesMoved", "ScaledDown"} <= set(reasons)
+    assert not [job for job in kube.list(Job, namespace=namespace) if "scale-down" in job.metadata.name]
+    with amqp(kube, namespace, "events") as connection:
+        channel = connection.channel()
+        assert drain(channel, "wide") == [f"wide-{i}" for i in range(200)]
+        assert drain(channel, "narrow") == [f"narrow-{i}" for i in range(200)]
 
     # Nothing the broker confirmed is lost, in order.
     with amqp(kube, namespace, "events") as connection:
         remaining = drain(connection.channel(), "orders")
     assert remaining[:105] == [f"m{i}" for i in range(5, 110)]
-    live = remaining[105:]
-    assert set(publisher.confirmed) <= set(live)
-    assert live == sorted(live, key=lambda body: int(body.split("-")[1]))
+    for application in (publisher, scaler):
+        published = [body for body in remaining[105:] if body.startswith(application.prefix + "-")]
+        assert set(application.confirmed) <= set(published)
+        assert published == sorted(published, key=lambda body: int(body.split("-")[1]))
+    assert len(scaler.confirmed) > 20
 
 
 def login(kube: Client, namespace: str, user: str, password: str, vhost: str) -> pika.BlockingConnection:

@@ -5,12 +5,18 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import time
 from dataclasses import dataclass
 from typing import Any, ClassVar
 from urllib.parse import quote
 
-from lightkube import AsyncClient
+import httpx2
+from lightkube import AsyncClient, codecs
+from lightkube.core.exceptions import ApiError
+from lightkube.resources.batch_v1 import Job
+from lightkube.types import CascadeType
 
+from backup.resources import read_job
 from framework.catalog import ResolvedVersion
 from framework.plugin import (
     EventNote,
@@ -22,9 +28,11 @@ from framework.plugin import (
     ServiceStatus,
 )
 from framework.pods import incarnation, pod_ip, pod_ready
+from framework.reconcile import owner_reference
 from framework.volumes import claim_context, refuse_storage_change
-from services.rabbitmq.cluster import ClusterView, NodeAnswer, pod_of, read_cluster
-from services.rabbitmq.management import Management
+from services.rabbitmq import scale_down
+from services.rabbitmq.cluster import ClusterView, NodeAnswer, node_name, pod_of, read_cluster
+from services.rabbitmq.management import Management, ManagementError
 from services.rabbitmq.spec import RabbitMQSpec
 from services.rabbitmq.users import RabbitMQPermissionKind, RabbitMQUserKind, RabbitMQVhostKind
 
@@ -41,6 +49,33 @@ class NodeFacts:
 
     answers: dict[str, NodeAnswer | None]  # by pod; None: did not answer
     incarnations: dict[str, str]  # by pod: the life of the pod each answer is from
+    # While scaling down: the queues (None: not asked, or no node answered), read after the Job.
+    queues: list[scale_down.Queue] | None = None
+    job: scale_down.JobReport | None = None
+
+
+def scaling_down(spec_replicas: int, observed: Observed) -> bool:
+    running = ((observed.statefulset or {}).get("spec") or {}).get("replicas")
+    return bool(observed.status.get("scaleDown")) or (running is not None and spec_replicas < running)
+
+
+def scale_down_step(spec: RabbitMQSpec, observed: Observed, now: float | None = None) -> scale_down.Step:
+    """Where a scale-down stands (`now`, wall-clock seconds, decides when a failed Job is
+    tried again)."""
+    facts: NodeFacts | None = observed.inspection.facts if observed.inspection else None
+    view = cluster_view(spec, observed)
+    return scale_down.step(
+        name=observed.name,
+        wanted=spec.replicas,
+        running=((observed.statefulset or {}).get("spec") or {}).get("replicas"),
+        state=observed.status.get("scaleDown"),
+        pods=[pod["metadata"]["name"] for pod in observed.pods],
+        members=list(view.members) if view.answered else None,
+        queues=facts.queues if facts else None,
+        job=facts.job if facts else None,
+        node=lambda pod: node_name(pod, observed.name, observed.namespace),
+        now=time.time() if now is None else now,
+    )
 
 
 def cluster_view(spec: RabbitMQSpec, observed: Observed) -> ClusterView:
@@ -107,15 +142,8 @@ class RabbitMQPlugin(ServicePlugin):
         }
 
     def refuse_change(self, spec: RabbitMQSpec, observed: Observed) -> str | None:
-        running = ((observed.statefulset or {}).get("spec") or {}).get("replicas")
-        if running and spec.replicas < running:
-            # The leaving nodes stay members: with pause_minority the rest could pause, and quorum
-            # queues with members there could lose their majority.
-            return (
-                f"spec.replicas: scaling down from {running} to {spec.replicas} nodes is not supported "
-                f"yet (the leaving nodes' queue members must move first); set it back to {running}"
-            )
-        return refuse_storage_change(spec.storage, observed)
+        refusal = scale_down_step(spec, observed).refusal if scaling_down(spec.replicas, observed) else None
+        return refusal or refuse_storage_change(spec.storage, observed)
 
     def template_context(
         self, spec: RabbitMQSpec, version: ResolvedVersion, observed: Observed
@@ -123,10 +151,15 @@ class RabbitMQPlugin(ServicePlugin):
         # Pods restart when what they read at start changes (not the peers: read when a node
         # first joins, so scaling restarts nobody).
         configuration = {"config": spec.config, "plugins": spec.enabled_plugins(), "version": version.version}
-        running = len(observed.pods)
+        replicas = (
+            scale_down_step(spec, observed).replicas
+            if scaling_down(spec.replicas, observed)
+            else spec.replicas
+        )
         return {
+            "replicas": replicas,
             "cluster_state": "initialized" if observed.status.get("initialized") else "new",
-            "peers": max(spec.replicas, running),
+            "peers": max(replicas, len(observed.pods)),
             "default_user_secret": DEFAULT_USER.name(observed.name),
             "cookie_secret": ERLANG_COOKIE.name(observed.name),
             "config_hash": hashlib.sha256(json.dumps(configuration, sort_keys=True).encode()).hexdigest()[
@@ -150,6 +183,12 @@ class RabbitMQPlugin(ServicePlugin):
         }
         before = observed.status.get("cluster") or {}
         events = []
+        actions: list[Any] = []
+        if scaling_down(spec.replicas, observed):
+            step = scale_down_step(spec, observed, now)
+            status["scaleDown"] = step.state
+            actions.extend(step.actions)
+            events.extend(EventNote(*event) for event in step.events)
         if view.formed and not before.get("formed"):
             events.append(EventNote("Normal", "ClusterFormed", view.message))
         if view.split and "separate clusters" not in before.get("message", ""):
@@ -159,13 +198,17 @@ class RabbitMQPlugin(ServicePlugin):
         return Operations(
             status=status,
             events=events,
-            inspect_in=INSPECT_FORMED if view.formed else INSPECT_FORMING,
+            actions=actions,
+            inspect_in=INSPECT_FORMED if view.formed and not status.get("scaleDown") else INSPECT_FORMING,
         )
 
     async def inspect(
         self, client: AsyncClient, observed: Observed, previous: Inspection | None
     ) -> Inspection | None:
         addressed = {pod["metadata"]["name"]: pod_ip(pod) for pod in observed.pods}
+        # The Job first: when it is seen ended, the nodes and queues below show what it did.
+        scaling = scaling_down(int(observed.spec.get("replicas", 1)), observed)
+        job = await self._scale_down_job(client, observed) if scaling else None
         asks = {
             pod: MANAGEMENT.cluster(client, observed.namespace, observed.name, ip)
             for pod, ip in addressed.items()
@@ -173,11 +216,71 @@ class RabbitMQPlugin(ServicePlugin):
         }
         replies = dict(zip(asks, await asyncio.gather(*asks.values()), strict=True))
         answers = {pod: replies.get(pod) for pod in addressed}
+        queues = None
+        if scaling:
+            answering = [addressed[pod] for pod, answer in answers.items() if answer is not None]
+            queues = await self._queues(client, observed, answering)
         return Inspection(
             at=asyncio.get_running_loop().time(),
-            facts=NodeFacts(answers, {pod["metadata"]["name"]: incarnation(pod) for pod in observed.pods}),
+            facts=NodeFacts(
+                answers,
+                {pod["metadata"]["name"]: incarnation(pod) for pod in observed.pods},
+                queues=queues,
+                job=job,
+            ),
             answered=any(answer is not None for answer in answers.values()),
         )
+
+    async def _scale_down_job(self, client: AsyncClient, observed: Observed) -> scale_down.JobReport | None:
+        name = (observed.status.get("scaleDown") or {}).get("job")
+        if not name:
+            return None
+        job, state, _ = await read_job(client, observed.namespace, name)
+        if job is None:
+            return scale_down.JobReport(name, "Missing")
+        return scale_down.JobReport(name, state.phase, state.message)
+
+    async def _queues(
+        self, client: AsyncClient, observed: Observed, ips: list[str | None]
+    ) -> list[scale_down.Queue] | None:
+        for ip in ips:
+            try:
+                reply = await MANAGEMENT.read(
+                    client, observed.namespace, observed.name, ip, scale_down.QUEUES_PATH
+                )
+            except (ManagementError, OSError, ApiError, httpx2.HTTPError):
+                continue
+            return scale_down.parse_queues(reply or [])
+        return None
+
+    async def perform(self, client: AsyncClient, observed: Observed, action: Any) -> None:
+        if isinstance(action, scale_down.DeleteJob):
+            try:
+                await client.delete(
+                    Job, action.job, namespace=observed.namespace, cascade=CascadeType.BACKGROUND
+                )
+            except ApiError as error:
+                if error.status.code != 404:
+                    raise
+        elif isinstance(action, scale_down.RunCli):
+            owner = await client.get(self.resource(), observed.name, namespace=observed.namespace)
+            job = scale_down.build_cli_job(
+                job=action.job,
+                namespace=observed.namespace,
+                instance=observed.name,
+                image=observed.status["image"],
+                script=scale_down.cli_script(action.calls),
+                cookie_secret=ERLANG_COOKIE.name(observed.name),
+                labels=self.labels(observed.name),
+                owner=owner_reference(self.kind, owner.to_dict()),
+            )
+            try:
+                await client.create(codecs.from_dict(job))
+            except ApiError as error:
+                if error.status.code != 409:  # made by a pass whose status write was lost
+                    raise
+        else:
+            raise NotImplementedError(f"unknown action {action!r}")
 
     def read_status(self, spec: RabbitMQSpec, version: ResolvedVersion, observed: Observed) -> ServiceStatus:
         ready_pods = {p["metadata"]["name"] for p in observed.pods if pod_ready(p)}
@@ -186,6 +289,8 @@ class RabbitMQPlugin(ServicePlugin):
         view = cluster_view(spec, observed)
         serving = view.quorum and ready > spec.replicas // 2
         message = f"{ready} of {spec.replicas} nodes ready; {view.message}"
+        if observed.status.get("scaleDown"):
+            message += "; " + observed.status["scaleDown"].get("message", "scaling down")
         host = f"{observed.name}.{observed.namespace}.svc"
         return ServiceStatus(
             ready_instances=ready,
@@ -210,6 +315,33 @@ class RabbitMQPlugin(ServicePlugin):
                     "members": {"type": "integer", "description": "nodes the cluster knows"},
                     "formed": {"type": "boolean", "description": "every node runs in one cluster"},
                     "partitions": {"type": "array", "items": {"type": "string"}},
+                    "message": {"type": "string"},
+                },
+            },
+            "scaleDown": {
+                "type": "object",
+                "description": "a scale-down in progress, kept here so that a restarted operator goes on",
+                "properties": {
+                    "from": {"type": "integer"},
+                    "to": {"type": "integer"},
+                    "phase": {
+                        "type": "string",
+                        "enum": [scale_down.MOVING, scale_down.STOPPING, scale_down.FORGETTING],
+                    },
+                    "job": {"type": "string", "description": "the Job running RabbitMQ's CLI now"},
+                    "purpose": {"type": "string", "enum": ["drain", "move", "forget", "revive"]},
+                    "drained": {
+                        "type": "array",
+                        "items": {"type": "string"},
+                        "description": "nodes in maintenance mode (rabbitmq-upgrade drain)",
+                    },
+                    "cancelled": {"type": "boolean", "description": "spec.replicas went back up"},
+                    "jobs": {"type": "integer", "description": "Jobs started so far"},
+                    "failures": {"type": "integer", "description": "Jobs failed in a row"},
+                    "retryAt": {
+                        "type": "number",
+                        "description": "when a failed step is tried again (Unix time)",
+                    },
                     "message": {"type": "string"},
                 },
             },

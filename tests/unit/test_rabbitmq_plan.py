@@ -12,6 +12,7 @@ from framework.rollout.spec import RolloutSpec
 from services.rabbitmq import PLUGIN
 from services.rabbitmq.cluster import NodeAnswer, node_name, parse_nodes, read_cluster
 from services.rabbitmq.plugin import NodeFacts
+from services.rabbitmq.scale_down import parse_queues
 
 pytestmark = pytest.mark.unit
 
@@ -276,16 +277,43 @@ def test_a_node_in_a_cluster_of_its_own_is_a_split_even_when_the_others_still_li
     assert view.message == "the nodes formed separate clusters: events-0, events-2; events-1"
 
 
-def test_scaling_down_is_refused_until_the_nodes_can_leave_safely() -> None:
+def test_a_scale_down_keeps_the_nodes_until_their_queues_moved_and_refuses_to_lose_data() -> None:
     sts = {
         "spec": {
             "replicas": 3,
             "volumeClaimTemplates": [{"spec": {"resources": {"requests": {"storage": "1Gi"}}}}],
         }
     }
-    planned = plan(PLUGIN, observed({**SPEC, "replicas": 1}, statefulset=sts), CATALOG, "uid-1")
-    ready = next(c for c in planned.status["conditions"] if c["type"] == "Ready")
-    assert ready["message"].startswith("spec.replicas: scaling down from 3 to 1 nodes is not supported yet")
+    started = plan(PLUGIN, observed({**SPEC, "replicas": 1}, statefulset=sts), CATALOG, "uid-1")
+    assert started.status["scaleDown"]["phase"] == "MovingQueues"
+    rollout = by_kind(started.children)[("StatefulsetRollout", "events")]["spec"]["statefulSet"]
+    assert rollout["replicas"] == 3
+    assert rollout["persistentVolumeClaimRetentionPolicy"]["whenScaled"] == "Delete"
+
+    node = lambda i: node_name(f"events-{i}", "events", "apps")  # noqa: E731
+    classic = {
+        "name": "orders",
+        "vhost": "/",
+        "type": "classic",
+        "node": node(2),
+        "messages": 4,
+        "durable": True,
+    }
+    facts = NodeFacts(answers={}, incarnations={}, queues=parse_queues([classic]))
+    inspected = Inspection(at=0.0, facts=facts, answered=True)
+    refused = plan(
+        PLUGIN,
+        observed({**SPEC, "replicas": 1}, statefulset=sts, status=started.status, inspection=inspected),
+        CATALOG,
+        "uid-1",
+    )
+    ready = next(c for c in refused.status["conditions"] if c["type"] == "Ready")
+    assert ready["reason"] == "ChangeRefused"
+    assert ready["message"] == (
+        "spec.replicas: scaling down from 3 to 1 nodes would lose data: classic queues live only on "
+        "the leaving nodes and would be lost: orders on events-2 (4 messages); drain and delete them "
+        "(or make them quorum queues) first; or set spec.replicas back to 3"
+    )
     grown = plan(PLUGIN, observed({**SPEC, "replicas": 5}, statefulset=sts), CATALOG, "uid-1")
     rollout = by_kind(grown.children)[("StatefulsetRollout", "events")]["spec"]
     assert rollout["statefulSet"]["replicas"] == 5
