@@ -106,7 +106,7 @@ def test_a_binding_waits_for_its_instance_then_hands_out_its_own_credentials(
     # A binding to a kind that takes none is refused, naming the field.
     apply(kube, ServiceBinding, namespace, "bogus", {"service": {"kind": "Redis", "name": "x"}})
     message = wait_reason(kube, ServiceBinding, namespace, "bogus", "UnknownService")
-    assert message == "spec.service.kind: Redis cannot be bound; one of Postgres, RabbitMQ"
+    assert message == "spec.service.kind: Redis cannot be bound; one of MongoDB, Postgres, RabbitMQ"
 
     # Unbinding removes the Secret, the PostgresUser and the role; the data stays.
     kube.delete(ServiceBinding, "orders-db", namespace=namespace)

@@ -8,6 +8,13 @@ Cluster-wide, from the Helm values (a YAML file the operator reads at start):
         "15": {image: localhost/statefleet/postgres:15}
         "17": {image: localhost/statefleet/postgres:17}
         "13": {image: example/postgres:13, state: disabled}
+    mongodb:
+      default: "7"
+      versions:
+        "7": {image: localhost/statefleet/ferretdb:1.24, flavor: ferretdb}
+
+`flavor` names the server behind an image when a service can be served by more than one
+(MongoDB by mongod, or by FerretDB, which speaks its protocol); the plugin says which it knows.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ class CatalogVersion(BaseModel):
     model_config = ConfigDict(extra="forbid")
     image: str = Field(min_length=1)
     state: VersionState = VersionState.ENABLED
+    flavor: str | None = Field(default=None, pattern=r"^[a-z][a-z0-9-]*$")
 
 
 class ServiceCatalog(BaseModel):
@@ -67,6 +75,7 @@ class ResolvedVersion(BaseModel):
     version: str
     image: str
     deprecated: bool
+    flavor: str | None = None
 
 
 class VersionRefused(ValueError):
@@ -85,7 +94,10 @@ def resolve(catalog: Catalog, service: str, requested: str | None) -> ResolvedVe
     if entry.state == VersionState.DISABLED:
         raise VersionRefused(f"spec.version: {version!r} is disabled; offered versions: {offered}")
     return ResolvedVersion(
-        version=version, image=entry.image, deprecated=entry.state == VersionState.DEPRECATED
+        version=version,
+        image=entry.image,
+        deprecated=entry.state == VersionState.DEPRECATED,
+        flavor=entry.flavor,
     )
 
 

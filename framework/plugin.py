@@ -180,6 +180,11 @@ class ServicePlugin:
         ValueError (naming the field) when that backup cannot start such an instance."""
         return recorded
 
+    def refuse_version(self, spec: BaseModel, version: ResolvedVersion, observed: Observed) -> str | None:
+        """Why the server the catalog gives for this version (its `flavor`) cannot serve `spec`,
+        or cannot take over the data `observed` holds (a message naming the field), or None."""
+        return None
+
     def refuse_change(self, spec: BaseModel, observed: Observed) -> str | None:
         """Why applying `spec` would lose data (a message naming the field), or None."""
         return None

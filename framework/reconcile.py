@@ -132,6 +132,9 @@ def plan(
         version = resolve(catalog, plugin.service, getattr(spec, "version", None))
     except VersionRefused as error:
         return _invalid(observed, "InvalidSpec", str(error))
+    unservable = plugin.refuse_version(spec, version, observed)
+    if unservable:
+        return _invalid(observed, "InvalidSpec", unservable)
     operations = plugin.operate(spec, observed, now)
     refusal = plugin.refuse_change(spec, observed)
     if refusal:

@@ -71,6 +71,24 @@ CGO_ENABLED=0 build_once "$S3_BIN" "$TESTBED_SRC/gomod/s3" \
 
 # cert-manager's controllers under a main of ours (gomod/certmanager/main.go), with the
 # CRDs its module publishes; e2e installs both only for the cert-manager test.
+# FerretDB reads its version at start from a file its module does not ship: built from a copy
+# that has it.
+FERRETDB_PATCHED=$CACHE/ferretdb-patched
+patch_ferretdb() {
+  local original
+  original=$(cd "$TESTBED_SRC/gomod/ferretdb" && go mod download -json github.com/FerretDB/FerretDB |
+    python3 -c 'import json, sys; print(json.load(sys.stdin)["Dir"])')
+  rm -rf "$FERRETDB_PATCHED"
+  mkdir -p "$FERRETDB_PATCHED"
+  cp -r "$original" "$FERRETDB_PATCHED/FerretDB"
+  chmod -R u+w "$FERRETDB_PATCHED/FerretDB"
+  echo "v$FERRETDB_VERSION" >"$FERRETDB_PATCHED/FerretDB/build/version/version.txt"
+  cp "$TESTBED_SRC/gomod/ferretdb/go.mod" "$TESTBED_SRC/gomod/ferretdb/go.sum" "$FERRETDB_PATCHED/"
+  go mod edit -replace "github.com/FerretDB/FerretDB=$FERRETDB_PATCHED/FerretDB" "$FERRETDB_PATCHED/go.mod"
+}
+PREPARE=patch_ferretdb GO_MODFILE=$FERRETDB_PATCHED/go.mod CGO_ENABLED=0 build_once "$FERRETDB_BIN" \
+  "$TESTBED_SRC/gomod/ferretdb" "$GO_LDFLAGS_BASE" github.com/FerretDB/FerretDB/cmd/ferretdb
+
 copy_cert_manager_crds() {
   local module
   module=$(cd "$TESTBED_SRC/gomod/certmanager" && go mod download -json github.com/cert-manager/cert-manager |

@@ -16,6 +16,7 @@ KWOK_VERSION=0.8.0
 HELM_VERSION=3.22.0
 S3_VERSION=1.8.0 # Versity S3 Gateway
 CERT_MANAGER_VERSION=1.21.2
+FERRETDB_VERSION=1.24.2
 
 KUBE_BIN=$CACHE/bin/kube-v$KUBE_VERSION
 COREDNS_BIN=$CACHE/bin/coredns-v$COREDNS_VERSION
@@ -23,6 +24,7 @@ KWOK_BIN=$CACHE/bin/kwok-v$KWOK_VERSION
 HELM_BIN=$CACHE/bin/helm-v$HELM_VERSION
 S3_BIN=$CACHE/bin/versitygw-v$S3_VERSION
 CERT_MANAGER_BIN=$CACHE/bin/cert-manager-v$CERT_MANAGER_VERSION  # the binary, and its CRDs in crds/
+FERRETDB_BIN=$CACHE/bin/ferretdb-v$FERRETDB_VERSION
 
 # One node bridge carries the pods, the node address and the API server: it is
 # internal to this machine, so nothing listens on an outside interface.

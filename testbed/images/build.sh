@@ -110,6 +110,10 @@ build_static_rootfs() {
       cp "$COREDNS_BIN/coredns" "$rootfs/coredns"
       cp /etc/ssl/certs/ca-certificates.crt "$rootfs/etc/ca-certificates.crt"
       ;;
+    ferretdb)
+      cp "$FERRETDB_BIN/ferretdb" "$rootfs/ferretdb"
+      chmod 1777 "$rootfs/tmp" # SQLite's temporary files, whoever the server runs as
+      ;;
     *) die "unknown static program $STATIC_PROGRAM" ;;
   esac
 }
@@ -127,6 +131,7 @@ build_image() {
     find "$src" "$recipe" ${EXTRA_CONTEXT:+"$EXTRA_CONTEXT"} "${code[@]}" -type f -not -path '*/__pycache__/*' | sort
   )
   [[ $KIND == static && $STATIC_PROGRAM == coredns ]] && hash_inputs+=("$COREDNS_BIN/.stamp")
+  [[ $KIND == static && $STATIC_PROGRAM == ferretdb ]] && hash_inputs+=("$FERRETDB_BIN/.stamp")
   if [[ $KIND == overlay ]]; then
     build_image "$BASE"
     read -r base_archive _ <"$IMAGES_OUT/$BASE.current"
@@ -171,7 +176,7 @@ build_image() {
   echo "$archive $REF" >"$IMAGES_OUT/$name.current"
 }
 
-ALL_IMAGES=(pause coredns postgres-15 postgres-17 rabbitmq-3 python-3 operator)
+ALL_IMAGES=(pause coredns postgres-15 postgres-17 rabbitmq-3 ferretdb-1 python-3 operator)
 for image in "${@:-${ALL_IMAGES[@]}}"; do
   build_image "$image"
 done

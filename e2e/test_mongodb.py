@@ -1,0 +1,253 @@
+"""A developer applies a `MongoDB` and gets a server: proven on the test bed with the operator
+running from this checkout against FerretDB 1.24 (MongoDB 7's wire protocol over SQLite, built
+from the Go module proxy), the only MongoDB-protocol server these machines can run. What FerretDB
+cannot do (replica sets, roles) is proven here only by its refusals; the replica set planner is
+tested against MongoDB's documented replies in tests/unit/test_mongodb_replicaset.py."""
+
+from __future__ import annotations
+
+import base64
+import time
+from typing import Any
+from urllib.parse import quote, urlsplit
+
+import pymongo
+import pymongo.errors
+import pytest
+from lightkube import Client
+from lightkube.core.exceptions import ApiError
+from lightkube.resources.core_v1 import Secret, Service
+from lightkube.types import PatchType
+
+from e2e.kube import apply, get_or_none, secret_data, wait_reason, wait_until
+from e2e.operator_process import OperatorProcess
+from e2e.test_backup import Backup, Restore, storage, wait_phase
+from framework.binding import ServiceBindingKind
+from services.mongodb import PLUGIN
+from services.mongodb.users import MongoDBUserKind
+
+pytestmark = pytest.mark.e2e
+
+MongoDB = PLUGIN.resource()
+MongoDBUser = MongoDBUserKind.resource()
+ServiceBinding = ServiceBindingKind.resource()
+
+
+def create(kube: Client, namespace: str, name: str, spec: dict[str, Any]) -> None:
+    body = {
+        "apiVersion": "statefleet.dev/v1alpha1",
+        "kind": "MongoDB",
+        "metadata": {"name": name},
+        "spec": spec,
+    }
+    kube.create(MongoDB.from_dict(body), namespace=namespace)
+
+
+def wait_ready(kube: Client, namespace: str, name: str, timeout: float = 180) -> dict[str, Any]:
+    def ready() -> dict[str, Any] | None:
+        body = kube.get(MongoDB, name, namespace=namespace).to_dict()
+        status = body.get("status") or {}
+        condition = next((c for c in status.get("conditions") or [] if c["type"] == "Ready"), {})
+        done = (
+            condition.get("status") == "True"
+            and status.get("observedGeneration") == body["metadata"]["generation"]
+        )
+        return status if done else None
+
+    return wait_until(f"MongoDB {namespace}/{name} Ready", ready, timeout, 1)
+
+
+def connect(
+    kube: Client, namespace: str, name: str, username: str, password: str, auth_source: str = "admin"
+) -> pymongo.MongoClient:
+    """Through the client Service, as an application would; the first command proves the login."""
+    host = kube.get(Service, name, namespace=namespace).spec.clusterIP
+    client: pymongo.MongoClient = pymongo.MongoClient(
+        host=host,
+        port=27017,
+        username=username,
+        password=password,
+        authSource=auth_source,
+        directConnection=True,
+        serverSelectionTimeoutMS=10000,
+    )
+    client.admin.command("ping")
+    return client
+
+
+def root(kube: Client, namespace: str, name: str) -> pymongo.MongoClient:
+    data = kube.get(Secret, f"{name}-root", namespace=namespace).data
+    username, password = (base64.b64decode(data[k]).decode() for k in ("username", "password"))
+    return connect(kube, namespace, name, username, password)
+
+
+def refused(kube: Client, namespace: str, name: str, username: str, password: str, source: str) -> bool:
+    try:
+        connect(kube, namespace, name, username, password, source).close()
+    except pymongo.errors.OperationFailure as error:
+        return error.code == 18  # AuthenticationFailed
+    return False
+
+
+def test_bad_members_are_refused_by_the_api_server_and_ferretdb_runs_one(
+    kube: Client, namespace: str, operator: OperatorProcess
+) -> None:
+    with pytest.raises(ApiError, match="an even number of members cannot keep a majority"):
+        create(kube, namespace, "even", {"version": "7", "members": 2, "storage": {"size": "1Gi"}})
+    # The issue's example: three members. The test bed's "7" is FerretDB, which cannot replicate.
+    create(kube, namespace, "catalog", {"version": "7", "members": 3, "storage": {"size": "1Gi"}})
+    message = wait_reason(kube, MongoDB, namespace, "catalog", "InvalidSpec")
+    assert (
+        message
+        == "spec.members: version 7 is served here by FerretDB, which has no replication: it runs 1 member"
+    )
+    kube.patch(MongoDB, "catalog", {"spec": {"members": 1}}, namespace=namespace, patch_type=PatchType.MERGE)
+    started = time.monotonic()
+    status = wait_ready(kube, namespace, "catalog")
+    print(f"\nFerretDB MongoDB Ready in {time.monotonic() - started:.1f} s")
+    assert status["flavor"] == "ferretdb"
+    assert status["endpoints"]["uri"] == f"mongodb://catalog.{namespace}.svc:27017/"
+    secret = kube.get(Secret, "catalog-root", namespace=namespace)
+    assert secret.metadata.ownerReferences[0].kind == "MongoDB"
+    with root(kube, namespace, "catalog") as client:
+        client.shop.items.insert_many([{"sku": f"s{i}", "n": i} for i in range(10)])
+        assert client.shop.items.count_documents({"n": {"$gte": 5}}) == 5
+        assert client.admin.command("buildInfo")["ferretdbVersion"] == "v1.24.2"
+    # Without credentials, nothing but a ping.
+    host = kube.get(Service, "catalog", namespace=namespace).spec.clusterIP
+    anonymous = pymongo.MongoClient(host=host, directConnection=True, serverSelectionTimeoutMS=5000)
+    with anonymous, pytest.raises(pymongo.errors.OperationFailure, match="requires authentication"):
+        anonymous.shop.items.find_one()
+
+
+def test_users_and_a_binding(kube: Client, namespace: str, operator: OperatorProcess) -> None:
+    create(kube, namespace, "catalog", {"version": "7", "members": 1, "storage": {"size": "1Gi"}})
+    wait_ready(kube, namespace, "catalog")
+
+    # A binding: the application's own user, defined in its own database.
+    apply(kube, ServiceBinding, namespace, "shop", {"service": {"kind": "MongoDB", "name": "catalog"}})
+    wait_reason(kube, ServiceBinding, namespace, "shop", "Bound", timeout=120)
+    secret = kube.get(Secret, "shop", namespace=namespace)
+    assert secret.type == "servicebinding.io/mongodb"
+    bound = secret_data(kube, namespace, "shop")
+    password = quote(bound["password"], safe="")
+    assert bound["uri"] == f"mongodb://shop:{password}@catalog.{namespace}.svc:27017/shop?authSource=shop"
+    assert (bound["username"], bound["database"], bound["port"]) == ("shop", "shop", "27017")
+    # The uri as the application uses it, the Service's name resolved to its address here.
+    parts = urlsplit(bound["uri"])
+    with connect(kube, namespace, "catalog", parts.username or "", bound["password"], "shop") as client:
+        client.shop.orders.insert_one({"order": 1})
+        assert client.shop.orders.find_one({}, {"_id": 0}) == {"order": 1}
+
+    # A user of its own, whose password is rotated through its Secret.
+    apply(kube, MongoDBUser, namespace, "reporter", {"instance": "catalog", "database": "reports"})
+    status = wait_reason(kube, MongoDBUser, namespace, "reporter", "Reconciled", timeout=60)
+    assert "FerretDB enforces no roles" in status
+    password = secret_data(kube, namespace, "reporter-credentials")["password"]
+    connect(kube, namespace, "catalog", "reporter", password, "reports").close()
+    assert refused(kube, namespace, "catalog", "reporter", "wrong", "reports")
+    kube.patch(
+        Secret,
+        "reporter-credentials",
+        {"stringData": {"password": "rotated-password-1"}},
+        namespace=namespace,
+        patch_type=PatchType.MERGE,
+    )
+    wait_until(
+        "the new password works",
+        lambda: not refused(kube, namespace, "catalog", "reporter", "rotated-password-1", "reports"),
+        90,
+        2,
+    )
+    assert refused(kube, namespace, "catalog", "reporter", password, "reports")
+
+    # A user that exists and is not this resource's is never taken over, nor dropped.
+    with root(kube, namespace, "catalog") as client:
+        client.reports.command({"createUser": "auditor", "pwd": "by-hand", "roles": []})
+    apply(
+        kube,
+        MongoDBUser,
+        namespace,
+        "clash",
+        {"instance": "catalog", "database": "reports", "username": "auditor"},
+    )
+    message = wait_reason(kube, MongoDBUser, namespace, "clash", "Refused")
+    assert message.startswith(
+        "user auditor already exists in database reports and this resource did not make it"
+    )
+    kube.delete(MongoDBUser, "clash", namespace=namespace)
+    wait_until(
+        "the clash resource gone", lambda: get_or_none(kube, MongoDBUser, "clash", namespace) is None, 60, 1
+    )
+    connect(kube, namespace, "catalog", "auditor", "by-hand", "reports").close()
+
+    # Deleting the binding drops its user; the data stays.
+    kube.delete(ServiceBinding, "shop", namespace=namespace)
+    wait_until(
+        "the binding's user dropped",
+        lambda: refused(kube, namespace, "catalog", "shop", bound["password"], "shop"),
+        90,
+        1,
+    )
+    with root(kube, namespace, "catalog") as client:
+        assert client.shop.orders.count_documents({}) == 1
+
+
+def test_a_dump_restores_into_a_new_instance(
+    kube: Client, namespace: str, operator: OperatorProcess, bucket: str
+) -> None:
+    create(kube, namespace, "catalog", {"version": "7", "members": 1, "storage": {"size": "1Gi"}})
+    wait_ready(kube, namespace, "catalog")
+    with root(kube, namespace, "catalog") as client:
+        client.shop.items.create_index("sku", unique=True)
+        client.shop.items.insert_many(
+            [{"sku": f"s{i:05d}", "n": i, "blob": bytes(range(256)) * 4} for i in range(5000)]
+        )
+        client.shop["orders.2026"].insert_many([{"order": i} for i in range(10)])
+        client.audit.log.insert_one({"event": "created"})
+
+    storage(kube, namespace, "s3", bucket)
+    apply(
+        kube,
+        Backup,
+        namespace,
+        "catalog-now",
+        {"service": {"kind": "MongoDB", "name": "catalog"}, "storage": "s3"},
+    )
+    started = time.monotonic()
+    backed_up = wait_phase(kube, Backup, namespace, "catalog-now", "Completed", timeout=240)
+    assert backed_up["method"] == "dump"
+    assert backed_up["objects"] == 6  # per collection: its documents and its options and indexes
+    assert "FerretDB v1.24.2" in backed_up["version"]
+    print(f"\ndump of 5011 documents: {backed_up['bytes']} bytes in {time.monotonic() - started:.1f} s")
+    apply(
+        kube,
+        Restore,
+        namespace,
+        "catalog-copy",
+        {"backup": "catalog-now", "target": {"kind": "MongoDB", "name": "catalog-copy"}},
+    )
+    started = time.monotonic()
+    wait_phase(kube, Restore, namespace, "catalog-copy", "Completed", timeout=300)
+    print(f"restored into a new instance in {time.monotonic() - started:.1f} s")
+    with root(kube, namespace, "catalog-copy") as client:
+        assert client.shop.items.count_documents({}) == 5000
+        item = client.shop.items.find_one({"sku": "s04242"})
+        assert (item["n"], item["blob"]) == (4242, bytes(range(256)) * 4)
+        assert client.shop["orders.2026"].count_documents({}) == 10
+        assert client.audit.log.find_one({}, {"_id": 0}) == {"event": "created"}
+        unique = [i for i in client.shop.items.list_indexes() if i["name"] == "sku_1"]
+        assert unique
+        assert unique[0].get("unique") is True
+        with pytest.raises(pymongo.errors.DuplicateKeyError):
+            client.shop.items.insert_one({"sku": "s00001"})
+    # Restoring over an instance is refused, naming why.
+    apply(
+        kube,
+        Restore,
+        namespace,
+        "over",
+        {"backup": "catalog-now", "target": {"kind": "MongoDB", "name": "catalog", "replace": True}},
+    )
+    message = wait_reason(kube, Restore, namespace, "over", "ReplaceRefused")
+    assert "a dump backup of a MongoDB is restored into a new instance only" in message

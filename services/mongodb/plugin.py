@@ -1,0 +1,349 @@
+"""MongoDB: a replica set the operator initiates and reconfigures from its members' replies.
+
+Two servers can serve it, as the version catalog's `flavor` says: `mongod` (MongoDB itself: a
+replica set of `spec.members`) and `ferretdb` (FerretDB, which speaks MongoDB's protocol over
+SQLite and has no replication: one member only). The replica set logic is pure
+(`services/mongodb/replicaset.py`); this module asks the servers and carries out its steps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from contextlib import suppress
+from dataclasses import dataclass
+from typing import Any, ClassVar
+from urllib.parse import quote
+
+from lightkube import AsyncClient
+from pymongo.errors import AutoReconnect, PyMongoError
+
+from framework.catalog import ResolvedVersion
+from framework.plugin import (
+    EventNote,
+    GeneratedSecret,
+    Inspection,
+    Observed,
+    Operations,
+    ServicePlugin,
+    ServiceStatus,
+)
+from framework.pods import incarnation, pod_ip, pod_ready
+from framework.volumes import claim_context, refuse_storage_change
+from services.mongodb.replicaset import (
+    Hello,
+    Initiate,
+    MemberState,
+    Reconfigure,
+    SetConfig,
+    SetView,
+    StepDown,
+    member_host,
+    parse_config,
+    parse_status,
+    plan_replica_set,
+)
+from services.mongodb.servers import CHANGE_TIMEOUT_MS, Servers
+from services.mongodb.spec import MongoDBSpec
+from services.mongodb.users import MongoDBUserKind
+
+ROOT = GeneratedSecret("root", fixed={"username": "root"}, random=("password",))
+KEYFILE = GeneratedSecret("keyfile", random=("keyfile",), length=64)  # members authenticate each other
+SERVERS = Servers(ROOT.name("{name}"))
+FERRETDB, MONGOD = "ferretdb", "mongod"
+INSPECT_FORMING, INSPECT_FORMED = 3.0, 15.0
+ROLE_LABEL = "statefleet.dev/role"
+
+
+@dataclass(frozen=True)
+class SetFacts:
+    """An inspection's findings (`Inspection.facts`)."""
+
+    answers: dict[str, Hello | None]  # by pod
+    incarnations: dict[str, str]  # by pod: the life of the pod each answer is from
+    config: SetConfig | None  # from the primary
+    states: tuple[MemberState, ...] | None
+
+
+def flavor_of(version: ResolvedVersion) -> str:
+    return version.flavor or MONGOD
+
+
+def current_answers(observed: Observed) -> SetFacts | None:
+    """The last inspection, counting only answers from the pods' current lives."""
+    facts: SetFacts | None = observed.inspection.facts if observed.inspection else None
+    if facts is None:
+        return None
+    lives = {pod["metadata"]["name"]: incarnation(pod) for pod in observed.pods}
+    answers = {pod: a for pod, a in facts.answers.items() if lives.get(pod) == facts.incarnations.get(pod)}
+    return SetFacts(answers, facts.incarnations, facts.config, facts.states)
+
+
+def replica_set(spec: MongoDBSpec, observed: Observed) -> SetView:
+    facts = current_answers(observed)
+    return plan_replica_set(
+        name=observed.name,
+        namespace=observed.namespace,
+        wanted=spec.members,
+        answers=facts.answers if facts else {},
+        config=facts.config if facts else None,
+        states=facts.states if facts else None,
+        priorities=spec.priority_by_pod(observed.name),
+        initiated_before=bool(observed.status.get("initialized")),
+    )
+
+
+def standalone_answer(observed: Observed) -> Hello | None:
+    """A FerretDB server's `hello` (it runs alone)."""
+    facts = current_answers(observed)
+    return (facts.answers if facts else {}).get(f"{observed.name}-0")
+
+
+class MongoDBPlugin(ServicePlugin):
+    kind = "MongoDB"
+    plural = "mongodbs"
+    short_names = ("mdb",)
+    service = "mongodb"
+    spec_model = MongoDBSpec
+    generated_secrets = (ROOT, KEYFILE)
+    child_kinds = ("Service", "PodDisruptionBudget", "StatefulsetRollout")
+    user_kind = "MongoDBUser"
+    backup_driver = "backup.drivers.mongodb"
+    backup_methods = ("dump",)
+    throwaway_spec: ClassVar[dict[str, Any]] = {"members": 1}
+
+    def refuse_version(self, spec: MongoDBSpec, version: ResolvedVersion, observed: Observed) -> str | None:
+        flavor, before = flavor_of(version), observed.status.get("flavor")
+        if before and flavor != before:
+            return (
+                f"spec.version: {version.version} is served by {flavor}, and this instance's data is "
+                f"{before}'s: the server cannot change under it; back it up, restore it into a new instance"
+            )
+        if flavor == FERRETDB and spec.members > 1:
+            return (
+                f"spec.members: version {version.version} is served here by FerretDB, which has no "
+                "replication: it runs 1 member"
+            )
+        return None
+
+    def refuse_change(self, spec: MongoDBSpec, observed: Observed) -> str | None:
+        return refuse_storage_change(spec.storage, observed)
+
+    def backup_env(self, name: str) -> list[dict[str, Any]]:
+        def secret(variable: str, key: str) -> dict[str, Any]:
+            return {"name": variable, "valueFrom": {"secretKeyRef": {"name": ROOT.name(name), "key": key}}}
+
+        return [
+            {"name": "MONGODB_HOST", "value": name},
+            secret("MONGODB_USERNAME", "username"),
+            secret("MONGODB_PASSWORD", "password"),
+        ]
+
+    def in_service_kinds(self) -> list[Any]:
+        return [MongoDBUserKind(SERVERS, self.resource())]
+
+    def binding_user(self, binding: str, instance: str) -> dict[str, Any]:
+        # Each application its own user, owning a database named after the binding.
+        return {"instance": instance, "database": binding}
+
+    def binding_data(
+        self, service: dict[str, Any], user: dict[str, Any], credentials: dict[str, str], ca: str | None
+    ) -> dict[str, str]:
+        meta, status = service["metadata"], user["status"]
+        username, database, password = status["username"], status["database"], credentials["password"]
+        hosts = status.get("hosts") or [f"{meta['name']}.{meta['namespace']}.svc:27017"]
+        options = f"authSource={quote(database, safe='')}"
+        if status.get("replicaSet"):
+            options += f"&replicaSet={quote(status['replicaSet'], safe='')}"
+        return {
+            "type": "mongodb",
+            "provider": "statefleet",
+            "host": hosts[0].rsplit(":", 1)[0],
+            "port": "27017",
+            "username": username,
+            "password": password,
+            "database": database,
+            "uri": f"mongodb://{quote(username, safe='')}:{quote(password, safe='')}@{','.join(hosts)}/"
+            f"{quote(database, safe='')}?{options}",
+        }
+
+    def template_context(
+        self, spec: MongoDBSpec, version: ResolvedVersion, observed: Observed
+    ) -> dict[str, Any]:
+        flavor = flavor_of(version)
+        replicas = spec.members
+        if flavor == MONGOD:
+            # A member leaves the set before its pod goes; without a config fresh from a
+            # primary (an election, a restart), no pod goes at all.
+            view = replica_set(spec, observed)
+            running = ((observed.statefulset or {}).get("spec") or {}).get("replicas") or 0
+            replicas = max(replicas, view.keep_replicas if view.primary else running)
+        return {
+            "flavor": flavor,
+            "replicas": replicas,
+            "root_secret": ROOT.name(observed.name),
+            "keyfile_secret": KEYFILE.name(observed.name),
+            "settings_hash": hashlib.sha256(f"{flavor}/{version.version}".encode()).hexdigest()[:16],
+            **claim_context(spec.storage, observed),
+        }
+
+    def operate(self, spec: MongoDBSpec, observed: Observed, now: float) -> Operations:
+        # The flavor the status last recorded (`read_status` has the catalog's version).
+        if observed.status.get("flavor") == FERRETDB:
+            answer = standalone_answer(observed)
+            return Operations(
+                status={
+                    "initialized": observed.status.get("initialized") or answer is not None,
+                    "replicaSet": None,
+                },
+                pod_labels={f"{observed.name}-0": {ROLE_LABEL: "primary"}} if answer else {},
+                inspect_in=INSPECT_FORMED if answer else INSPECT_FORMING,
+            )
+        view = replica_set(spec, observed)
+        before = observed.status.get("replicaSet") or {}
+        events = []
+        if view.primary and before.get("primary") and view.primary != before.get("primary"):
+            events.append(
+                EventNote("Normal", "PrimaryChanged", f"{view.primary} is primary (was {before['primary']})")
+            )
+        roles = {
+            pod["metadata"]["name"]: {
+                ROLE_LABEL: "primary" if pod["metadata"]["name"] == view.primary else "secondary"
+            }
+            for pod in observed.pods
+        }
+        return Operations(
+            pod_labels=roles if view.primary else {},
+            actions=list(view.actions),
+            status={
+                "initialized": observed.status.get("initialized") or view.initiated or None,
+                "replicaSet": {
+                    "name": observed.name,
+                    "primary": view.primary,
+                    "members": list(view.members),
+                    "healthy": view.healthy,
+                    "syncing": list(view.syncing),
+                    "message": view.message,
+                },
+            },
+            events=events,
+            inspect_in=INSPECT_FORMING
+            if view.actions or not view.primary or view.syncing
+            else INSPECT_FORMED,
+        )
+
+    async def inspect(
+        self, client: AsyncClient, observed: Observed, previous: Inspection | None
+    ) -> Inspection | None:
+        addressed = {pod["metadata"]["name"]: pod_ip(pod) for pod in observed.pods}
+        asks = {
+            pod: SERVERS.hello(client, observed.namespace, observed.name, ip)
+            for pod, ip in addressed.items()
+            if ip is not None
+        }
+        replies = dict(zip(asks, await asyncio.gather(*asks.values()), strict=True))
+        answers = {pod: replies.get(pod) for pod in addressed}
+        config, states = None, None
+        primaries = [
+            pod for pod, hello in answers.items() if hello and hello.writable_primary and hello.set_name
+        ]
+        if len(primaries) == 1:
+            ip = addressed[primaries[0]]
+            assert ip is not None
+            try:
+                config = parse_config(
+                    await SERVERS.command(
+                        client, observed.namespace, observed.name, ip, {"replSetGetConfig": 1}
+                    )
+                )
+                states = parse_status(
+                    await SERVERS.command(
+                        client, observed.namespace, observed.name, ip, {"replSetGetStatus": 1}
+                    )
+                )
+            except PyMongoError:
+                config, states = None, None
+        return Inspection(
+            at=asyncio.get_running_loop().time(),
+            facts=SetFacts(
+                answers, {pod["metadata"]["name"]: incarnation(pod) for pod in observed.pods}, config, states
+            ),
+            answered=any(answer is not None for answer in answers.values()),
+        )
+
+    async def perform(self, client: AsyncClient, observed: Observed, action: Any) -> None:
+        ips = {pod["metadata"]["name"]: pod_ip(pod) for pod in observed.pods}
+        ip = ips.get(action.pod)
+        if ip is None:
+            raise RuntimeError(f"{action}: {action.pod} has no IP")
+        if isinstance(action, Initiate):
+            command: dict[str, Any] = {"replSetInitiate": action.config}
+        elif isinstance(action, Reconfigure):
+            command = {"replSetReconfig": action.config}
+        elif isinstance(action, StepDown):
+            command = {"replSetStepDown": 60, "secondaryCatchUpPeriodSecs": 15}
+        else:
+            raise NotImplementedError(f"unknown action {action!r}")
+        with suppress(AutoReconnect):  # a primary stepping down closes its connections
+            await SERVERS.command(client, observed.namespace, observed.name, ip, command, CHANGE_TIMEOUT_MS)
+
+    def read_status(self, spec: MongoDBSpec, version: ResolvedVersion, observed: Observed) -> ServiceStatus:
+        flavor = flavor_of(version)
+        ready_pods = {p["metadata"]["name"] for p in observed.pods if pod_ready(p)}
+        wanted = {f"{observed.name}-{i}" for i in range(spec.members)}
+        ready = len(ready_pods & wanted)
+        service = f"{observed.name}.{observed.namespace}.svc:27017"
+        hosts = [
+            member_host(f"{observed.name}-{i}", observed.name, observed.namespace)
+            for i in range(spec.members)
+        ]
+        fields: dict[str, Any] = {"flavor": flavor, "rootSecret": ROOT.name(observed.name)}
+        if flavor == FERRETDB:
+            answer = standalone_answer(observed)
+            serving = answer is not None and ready == 1
+            message = "FerretDB answers" if answer else "waiting for FerretDB to answer"
+            fields["endpoints"] = {"uri": f"mongodb://{service}/"}
+            fields["hosts"] = [service]
+            return ServiceStatus(ready, spec.members, serving, message, fields=fields)
+        view = replica_set(spec, observed)
+        serving = view.primary is not None and view.healthy > len(view.members) // 2
+        complete = view.primary is not None and view.healthy == spec.members and set(view.members) == wanted
+        fields["endpoints"] = {"uri": f"mongodb://{','.join(hosts)}/?replicaSet={observed.name}"}
+        fields["hosts"] = hosts
+        return ServiceStatus(
+            ready_instances=ready,
+            instances=spec.members,
+            ready=serving,
+            degraded=serving and not complete,
+            message=view.message,
+            fields=fields,
+        )
+
+    def status_properties(self) -> dict[str, Any]:
+        return {
+            "initialized": {
+                "type": "boolean",
+                "description": "the replica set was initiated (or FerretDB answered)",
+            },
+            "flavor": {"type": "string", "description": "the server: mongod or ferretdb"},
+            "rootSecret": {"type": "string"},
+            "hosts": {"type": "array", "items": {"type": "string"}},
+            "endpoints": {"type": "object", "properties": {"uri": {"type": "string"}}},
+            "replicaSet": {
+                "type": "object",
+                "description": "the replica set as its primary last described it",
+                "properties": {
+                    "name": {"type": "string"},
+                    "primary": {"type": "string"},
+                    "members": {"type": "array", "items": {"type": "string"}},
+                    "healthy": {"type": "integer"},
+                    "syncing": {"type": "array", "items": {"type": "string"}},
+                    "message": {"type": "string"},
+                },
+            },
+        }
+
+    def printer_columns(self) -> list[dict[str, Any]]:
+        columns = super().printer_columns()
+        columns.insert(3, {"name": "Primary", "type": "string", "jsonPath": ".status.replicaSet.primary"})
+        return columns
