@@ -32,3 +32,22 @@ class SecretValues:
 
     def forget(self, namespace: str, name: str) -> None:
         self._values.pop((namespace, name), None)
+
+
+class Credentials:
+    """The `username` and `password` of a Secret named after each instance (`{name}-root`),
+    cached per instance until `forget` (a refused login: the instance was made anew)."""
+
+    def __init__(self, secret_name: str) -> None:
+        self.usernames = SecretValues(secret_name, "username")
+        self.passwords = SecretValues(secret_name, "password")
+
+    async def get(self, client: AsyncClient, namespace: str, name: str) -> tuple[str, str]:
+        return (
+            await self.usernames.get(client, namespace, name),
+            await self.passwords.get(client, namespace, name),
+        )
+
+    def forget(self, namespace: str, name: str) -> None:
+        self.usernames.forget(namespace, name)
+        self.passwords.forget(namespace, name)

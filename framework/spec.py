@@ -12,6 +12,24 @@ from pydantic.alias_generators import to_camel
 QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?(m|k|Ki|M|Mi|G|Gi|T|Ti|P|Pi|E|Ei)?$"
 
 
+def immutable(field: str) -> dict[str, Any]:
+    """The CEL rule (a field's `json_schema_extra`) that refuses a change of the field."""
+    return {"x-kubernetes-validations": [{"rule": "self == oldSelf", "message": f"{field} is immutable"}]}
+
+
+def optional_immutable(field: str) -> dict[str, Any]:
+    """The same for an optional field, on the object that holds it: neither set, unset nor changed."""
+    return {
+        "x-kubernetes-validations": [
+            {
+                "rule": f"has(self.{field}) == has(oldSelf.{field}) && "
+                f"(!has(self.{field}) || self.{field} == oldSelf.{field})",
+                "message": f"{field} is immutable",
+            }
+        ]
+    }
+
+
 class ApiModel(BaseModel):
     """A part of a resource's spec: camelCase in the API, snake_case in Python, no unknown fields."""
 
@@ -33,9 +51,7 @@ class StorageSpec(ApiModel):
     storage_class: str | None = Field(
         default=None,
         description="StorageClass of the volumes (the cluster's default when empty). Immutable.",
-        json_schema_extra={
-            "x-kubernetes-validations": [{"rule": "self == oldSelf", "message": "storageClass is immutable"}]
-        },
+        json_schema_extra=immutable("storageClass"),
     )
 
 

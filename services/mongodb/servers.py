@@ -13,7 +13,7 @@ from lightkube import AsyncClient
 from pymongo import AsyncMongoClient
 from pymongo.errors import OperationFailure, PyMongoError
 
-from framework.secrets import SecretValues
+from framework.secrets import Credentials
 from services.mongodb.replicaset import PORT, Hello, parse_hello
 
 PROBE_TIMEOUT_MS = 3000
@@ -36,8 +36,7 @@ def client_of(host: str, timeout_ms: int, **credentials: Any) -> AsyncMongoClien
 
 class Servers:
     def __init__(self, root_secret: str) -> None:
-        self.usernames = SecretValues(root_secret, "username")
-        self.passwords = SecretValues(root_secret, "password")
+        self.credentials = Credentials(root_secret)
 
     @asynccontextmanager
     async def connect(
@@ -51,18 +50,14 @@ class Servers:
     ) -> AsyncIterator[AsyncMongoClient]:
         credentials: dict[str, Any] = {}
         if authenticated:
-            credentials = {
-                "username": await self.usernames.get(client, namespace, name),
-                "password": await self.passwords.get(client, namespace, name),
-                "authSource": "admin",
-            }
+            username, password = await self.credentials.get(client, namespace, name)
+            credentials = {"username": username, "password": password, "authSource": "admin"}
         mongo = client_of(host, timeout_ms, **credentials)
         try:
             yield mongo
         except OperationFailure as error:
             if error.code == 18:  # AuthenticationFailed: a resource made anew, a new Secret
-                self.usernames.forget(namespace, name)
-                self.passwords.forget(namespace, name)
+                self.credentials.forget(namespace, name)
             raise
         finally:
             await mongo.close()

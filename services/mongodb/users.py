@@ -19,7 +19,7 @@ from pymongo.errors import OperationFailure, PyMongoError
 from framework import conditions
 from framework.api import get_or_none
 from framework.inservice import InServiceKind, Outcome, Ref, user_password
-from framework.spec import ApiModel, DeletionPolicy
+from framework.spec import ApiModel, DeletionPolicy, immutable, optional_immutable
 from services.mongodb.access import WantedUser, marker, ours, plan_user
 from services.mongodb.servers import CHANGE_TIMEOUT_MS, Servers
 
@@ -35,23 +35,11 @@ class RoleSpec(ApiModel):
 
 
 class MongoDBUserSpec(ApiModel):
-    model_config = ConfigDict(
-        json_schema_extra={
-            "x-kubernetes-validations": [
-                {
-                    "rule": "has(self.username) == has(oldSelf.username) && "
-                    "(!has(self.username) || self.username == oldSelf.username)",
-                    "message": "username is immutable",
-                }
-            ]
-        }
-    )
+    model_config = ConfigDict(json_schema_extra=optional_immutable("username"))
     instance: str = Field(
         min_length=1,
         description="The MongoDB, in the same namespace.",
-        json_schema_extra={
-            "x-kubernetes-validations": [{"rule": "self == oldSelf", "message": "instance is immutable"}]
-        },
+        json_schema_extra=immutable("instance"),
     )
     username: str | None = Field(
         default=None, pattern=NAME_PATTERN, description="The user's name; the resource's name when empty."
@@ -60,9 +48,7 @@ class MongoDBUserSpec(ApiModel):
         pattern=DATABASE_PATTERN,
         description="The database the user is defined in (its authSource) and, unless roles say otherwise, "
         "may read and write.",
-        json_schema_extra={
-            "x-kubernetes-validations": [{"rule": "self == oldSelf", "message": "database is immutable"}]
-        },
+        json_schema_extra=immutable("database"),
     )
     roles: list[RoleSpec] | None = Field(
         default=None,

@@ -29,7 +29,7 @@ from backup.drivers import postgres_replace
 from framework.api import get_or_none
 from framework.inservice import InServiceKind, Outcome, Ref, user_password
 from framework.reconcile import EventNote
-from framework.spec import ApiModel, DeletionPolicy
+from framework.spec import ApiModel, DeletionPolicy, immutable
 from services.postgres.instances import Servers
 
 ROLE_PATTERN = re.compile(r"^[a-z_][a-z0-9_-]{0,62}$")
@@ -76,9 +76,7 @@ class PostgresUserSpec(ApiModel):
     instance: str = Field(
         min_length=1,
         description="The Postgres, in the same namespace.",
-        json_schema_extra={
-            "x-kubernetes-validations": [{"rule": "self == oldSelf", "message": "instance is immutable"}]
-        },
+        json_schema_extra=immutable("instance"),
     )
     role: str | None = Field(
         default=None,

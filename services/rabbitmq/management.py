@@ -13,7 +13,7 @@ from lightkube import AsyncClient
 from lightkube.core.exceptions import ApiError
 from lightkube.resources.core_v1 import Service
 
-from framework.secrets import SecretValues
+from framework.secrets import Credentials
 from services.rabbitmq.cluster import NodeAnswer, parse_nodes
 
 MANAGEMENT_PORT = 15672
@@ -31,8 +31,7 @@ class NodeRefused(Exception):
 
 class Management:
     def __init__(self, default_user_secret: str) -> None:
-        self.usernames = SecretValues(default_user_secret, "username")
-        self.passwords = SecretValues(default_user_secret, "password")
+        self.credentials = Credentials(default_user_secret)
 
     async def request(
         self,
@@ -45,17 +44,13 @@ class Management:
         body: Any = None,
         seconds: float = PROBE_TIMEOUT,
     ) -> httpx2.Response:
-        auth = (
-            await self.usernames.get(client, namespace, name),
-            await self.passwords.get(client, namespace, name),
-        )
+        auth = await self.credentials.get(client, namespace, name)
         async with httpx2.AsyncClient(timeout=seconds) as http:
             response = await http.request(
                 method, f"http://{ip}:{MANAGEMENT_PORT}/api/{path}", auth=auth, json=body
             )
         if response.status_code == 401:  # a resource made anew under the same name: a new Secret
-            self.usernames.forget(namespace, name)
-            self.passwords.forget(namespace, name)
+            self.credentials.forget(namespace, name)
         return response
 
     async def cluster(self, client: AsyncClient, namespace: str, name: str, ip: str) -> NodeAnswer | None:

@@ -19,7 +19,7 @@ from pydantic import ConfigDict, Field
 from framework import conditions
 from framework.api import get_or_none
 from framework.inservice import InServiceKind, Outcome, Ref, user_password
-from framework.spec import ApiModel, DeletionPolicy
+from framework.spec import ApiModel, DeletionPolicy, immutable, optional_immutable
 from services.rabbitmq.access import (
     KNOWN_TAGS,
     AccessPlan,
@@ -38,22 +38,6 @@ from services.rabbitmq.management import Management
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,254}$"
 RESERVED_USERS = frozenset({"guest"})
-
-
-def immutable(field: str) -> dict[str, Any]:
-    return {"x-kubernetes-validations": [{"rule": "self == oldSelf", "message": f"{field} is immutable"}]}
-
-
-def optional_immutable(field: str) -> dict[str, Any]:
-    return {
-        "x-kubernetes-validations": [
-            {
-                "rule": f"has(self.{field}) == has(oldSelf.{field}) && "
-                f"(!has(self.{field}) || self.{field} == oldSelf.{field})",
-                "message": f"{field} is immutable",
-            }
-        ]
-    }
 
 
 INSTANCE_FIELD = Field(
