@@ -286,7 +286,16 @@ def bootstrap(request: dict[str, Any], client: Any, spec: S3Spec) -> dict[str, A
     manifest = read_manifest(client, spec, request["location"])
     if manifest.method != "physical":
         return {"skipped": f"a {manifest.method} backup is restored once the instance runs"}
-    return driver.bootstrap(manifest, verified_source(client, spec, manifest))
+    # One pass: the data is extracted aside on an empty volume and moved into place only once
+    # every piece matched, so nothing is applied before the checksums are.
+    try:
+        return driver.bootstrap(manifest, streamed_source(client, spec, manifest))
+    except (StorageError, BotoCoreError, ClientError, OSError, Stopped):
+        raise
+    except Exception:
+        # The stream broke (tar, zstd) before the damaged piece ended: name it, if that is why.
+        verify_objects(client, spec, manifest)
+        raise
 
 
 def peak_memory() -> dict[str, int]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -38,6 +39,13 @@ class OperatorProcess:
         return operator
 
     def launch(self) -> None:
+        for port in (LIVENESS_PORT, METRICS_PORT):
+            # Another operator left running would answer the liveness check for this one.
+            with socket.socket() as probe:
+                if probe.connect_ex(("127.0.0.1", port)) == 0:
+                    raise RuntimeError(
+                        f"port {port} is taken: is an operator from an earlier run still running?"
+                    )
         env = {**os.environ, "KUBECONFIG": str(kubeconfig_path())}
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(

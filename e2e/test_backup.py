@@ -271,6 +271,11 @@ def test_physical_backup_records_its_wal_positions(
     pieces = [api.get_object(Bucket=bucket, Key=p["key"])["Body"].read() for p in base["pieces"]]
     assert len(pieces) > 1
     assert [hashlib.sha256(p).hexdigest() for p in pieces] == [p["sha256"] for p in base["pieces"]]
+    # The S3 server checked each piece against the manifest's sha256, sent along with it.
+    stored = [api.head_object(Bucket=bucket, Key=p["key"], ChecksumMode="ENABLED") for p in base["pieces"]]
+    assert [base64.b64decode(h["ChecksumSHA256"]).hex() for h in stored] == [
+        p["sha256"] for p in base["pieces"]
+    ]
     data = b"".join(pieces)
     assert hashlib.sha256(data).hexdigest() == base["sha256"]
     tar_bytes = subprocess.run(["zstd", "-dc"], input=data, capture_output=True, check=True).stdout
@@ -323,6 +328,29 @@ def test_physical_backup_records_its_wal_positions(
     assert "spec.target.name: Postgres running17 is at version 17" in refused["message"]
     assert kube.get(Pod, "running17-0", namespace=namespace).metadata.uid == pod
     assert get_or_none(kube, Job, "over17-verify", namespace) is None
+
+    # A new instance reads the backup once, extracting aside: a damaged piece, which breaks
+    # the stream before its checksum is known, is still named, and nothing starts.
+    manifest = json.loads(
+        api.get_object(Bucket=bucket, Key=status(kube, Backup, namespace, "nightly-2")["manifest"])[
+            "Body"
+        ].read()
+    )
+    key = stored_key(manifest, "base.tar.zst")
+    api.put_object(Bucket=bucket, Key=key, Body=b"not what was stored" * 1000)
+    apply(
+        kube,
+        Restore,
+        namespace,
+        "damaged",
+        {"backup": "nightly-2", "target": {"kind": "Postgres", "name": "damaged"}},
+    )
+    failed = wait_phase(kube, Restore, namespace, "damaged", "Failed", timeout=240)
+    assert failed["reason"] == "ChecksumMismatch"
+    assert key in failed["message"]
+    # Its server never started: the pod waits behind the init container that refused.
+    containers = kube.get(Pod, "damaged-0", namespace=namespace).to_dict()["status"]["containerStatuses"]
+    assert all("waiting" in c["state"] and not c.get("lastState", {}).get("terminated") for c in containers)
 
 
 def test_storage_faults_fail_with_a_clear_reason_and_leave_nothing(

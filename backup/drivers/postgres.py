@@ -135,8 +135,8 @@ def decompressed(chunks: Iterator[bytes]) -> Iterator[Any]:
         process.stdout.close()
         failure = feeder.join()
         code = process.wait()
-    if failure:
-        raise failure
+        if failure:  # the cause (a checksum, the storage), not what it did to zstd or tar
+            raise failure
     if code != 0:
         raise CommandFailed(f"zstd -dc exited with {code}: the archive is damaged")
 
@@ -389,8 +389,12 @@ class PostgresDriver:
         partial = pgdata.with_name(pgdata.name + ".restoring")
         shutil.rmtree(partial, ignore_errors=True)
         partial.mkdir(mode=0o700)
-        with decompressed(source(BASE_TAR)) as stream, tarfile.open(fileobj=stream, mode="r|") as tar:
-            tar.extractall(partial, filter="data")
+        try:
+            with decompressed(source(BASE_TAR)) as stream, tarfile.open(fileobj=stream, mode="r|") as tar:
+                tar.extractall(partial, filter="data")
+        except BaseException:
+            shutil.rmtree(partial, ignore_errors=True)  # a retry must not find the volume full
+            raise
         (partial / RESTORED_MARK).write_text(f"{manifest.namespace}/{manifest.backup}\n")
         (partial / "standby.signal").unlink(missing_ok=True)
         partial.chmod(0o700)
