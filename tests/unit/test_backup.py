@@ -24,6 +24,7 @@ from backup.storage import S3Spec, encryption_args, object_key, piece_key
 from framework.plugin import ServicePlugin
 from services.postgres import PLUGIN as POSTGRES
 from services.rabbitmq import PLUGIN as RABBITMQ
+from tests.unit.manifests import physical_manifest
 
 pytestmark = pytest.mark.unit
 
@@ -40,17 +41,8 @@ def test_a_backup_lives_under_its_own_prefix_and_its_manifest_comes_with_it() ->
 
 
 def test_the_manifest_round_trips_with_sizes_checksums_and_wal_positions() -> None:
-    manifest = Manifest(
-        namespace="apps",
-        backup="demo-now",
-        uid="u",
-        kind="Postgres",
-        instance="demo",
-        version="17.2",
-        method="physical",
-        startedAt="2026-11-30T02:00:00Z",
-        finishedAt="2026-11-30T02:01:00Z",
-        objects=[ManifestObject(name="base.tar", key="k/base.tar", size=10, sha256="ab" * 32)],
+    manifest = physical_manifest(
+        ManifestObject(name="base.tar", key="k/base.tar", size=10, sha256="ab" * 32),
         physical={"timeline": 2, "startLsn": "0/3000028", "endLsn": "0/3000100"},
     )
     text = json.loads(manifest.to_json())

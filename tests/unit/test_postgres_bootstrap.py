@@ -13,23 +13,13 @@ import pytest
 
 from backup.drivers import Source
 from backup.drivers.postgres import BASE_TAR, DRIVER, RESTORED_MARK, CommandFailed
-from backup.manifest import Manifest, ManifestObject
+from backup.manifest import ManifestObject
 from backup.storage import ChecksumMismatch
+from tests.unit.manifests import physical_manifest
 
 pytestmark = pytest.mark.unit
 
-MANIFEST = Manifest(
-    namespace="apps",
-    backup="demo-now",
-    uid="u",
-    kind="Postgres",
-    instance="demo",
-    version="17.2",
-    method="physical",
-    startedAt="2026-11-30T02:00:00Z",
-    finishedAt="2026-11-30T02:01:00Z",
-    objects=[ManifestObject(name=BASE_TAR, key="k/base.tar.zst", size=1, sha256="ab" * 32)],
-)
+MANIFEST = physical_manifest(ManifestObject(name=BASE_TAR, key="k/base.tar.zst", size=1, sha256="ab" * 32))
 FILES = {"PG_VERSION": b"17\n", "base/1/1259": bytes(range(256)) * 400, "standby.signal": b""}
 
 
