@@ -5,6 +5,11 @@ SHELL := /bin/bash
 VENV := .venv
 PY := $(VENV)/bin/python
 export KUBECONFIG ?= $(CURDIR)/.testbed/kubeconfig
+# When make started: `make test` prints its time against its budget at the end.
+STARTED := $(shell date +%s)
+# Parallel e2e workers, each with its own operator and namespaces (chosen by measurement on
+# this 2-core machine: docs/testing.md).
+E2E_WORKERS ?= 2
 
 # Debian packages the test bed and the tests need.
 DEBIAN_PACKAGES := containerd runc containernetworking-plugins debootstrap iptables conntrack \
@@ -55,9 +60,21 @@ lint: deps ## ruff check and format check, shellcheck
 unit: deps ## unit tests (no cluster)
 	$(PY) -m pytest -m unit
 
+.PHONY: controller
+controller: testbed-up ## the controller tier alone: the operator in-process against the test bed's API, no pods
+	STATEFLEET_TIER=controller $(PY) -m pytest -m controller
+
+# Every test but those that change the whole cluster runs in parallel workers (the controller
+# tier among them); then those, alone; then where the time went, against the budget.
 .PHONY: e2e
-e2e: testbed-up ## integration and e2e tests on the test bed
-	$(PY) -m pytest -m 'integration or e2e'
+e2e: testbed-up ## controller tier, integration and e2e tests on the test bed, in parallel workers
+	rm -f .testbed/logs/e2e-timing-*.json
+	@status=0; \
+	STATEFLEET_TIER=e2e $(PY) -m pytest -m '(controller or integration or e2e) and not serial' \
+	  -n $(E2E_WORKERS) --dist loadgroup --timeout 1800 || status=1; \
+	STATEFLEET_TIER=serial $(PY) -m pytest -m 'e2e and serial' --timeout 1800 || status=1; \
+	$(PY) -m e2e.timing $(if $(filter test,$(MAKECMDGOALS)),--make-test-started $(STARTED)); \
+	exit $$status
 
 .PHONY: test
 test: lint unit e2e ## every test: lint, unit, then integration and e2e on the test bed

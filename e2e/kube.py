@@ -16,6 +16,8 @@ from lightkube import Client, KubeConfig
 from lightkube.core.exceptions import ApiError
 from lightkube.resources.core_v1 import Namespace, Pod, Secret
 
+from e2e.timing import RECORDER
+
 REPO = Path(__file__).resolve().parent.parent
 T = TypeVar("T")
 
@@ -56,15 +58,19 @@ def kubectl(*args: str, timeout: float = 180) -> str:
 
 def wait_until(what: str, probe: Callable[[], T | None], timeout: float, interval: float = 0.5) -> T:
     """Polls `probe` until it returns something truthy; fails naming `what` and the last value."""
-    deadline = time.monotonic() + timeout
+    started = time.monotonic()
+    deadline = started + timeout
     last: Any = None
-    while True:
-        last = probe()
-        if last:
-            return last
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
-        time.sleep(interval)
+    try:
+        while True:
+            last = probe()
+            if last:
+                return last
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
+            time.sleep(interval)
+    finally:
+        RECORDER.wait(what, time.monotonic() - started)
 
 
 def pod_is_ready(pod: Pod) -> bool:

@@ -1,17 +1,23 @@
-"""Runs `statefleet operator` as a child process for tests, and restarts it on demand."""
+"""The operator for tests: `statefleet operator` as a child process (e2e: restarted, killed
+on demand), or in a thread of the test process (the controller tier)."""
 
 from __future__ import annotations
 
+import argparse
+import asyncio
+import logging
 import os
 import re
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
 
 from e2e.kube import REPO, kubeconfig_path, operator_image, wait_until
+from framework import cli
 
 LIVENESS_PORT = 18080
 METRICS_PORT = 19090
@@ -19,27 +25,34 @@ E2E_CATALOG = Path(__file__).resolve().parent / "catalog.yaml"
 
 
 class OperatorProcess:
-    def __init__(self, log_path: Path, namespaces: str, catalog: Path) -> None:
+    def __init__(self, log_path: Path, namespaces: str, catalog: Path, port_offset: int = 0) -> None:
         self.log_path = log_path
         self.namespaces = namespaces
         self.catalog = catalog
+        # Each parallel test worker's operator has ports of its own.
+        self.liveness_port = LIVENESS_PORT + port_offset
+        self.metrics_port = METRICS_PORT + port_offset
         self.process: subprocess.Popen[bytes] | None = None
         self.stopped_in = 0.0
 
     @classmethod
     def start(
-        cls, namespaces: str = "t-*", log_name: str = "operator-e2e.log", catalog: Path = E2E_CATALOG
+        cls,
+        namespaces: str = "t-*",
+        log_name: str = "operator-e2e.log",
+        catalog: Path = E2E_CATALOG,
+        port_offset: int = 0,
     ) -> OperatorProcess:
         """The operator for namespaces matching `namespaces` only: an operator installed with
-        Helm may own others."""
+        Helm, or another test worker's, may own others."""
         log_dir = REPO / ".testbed" / "logs"
         log_dir.mkdir(parents=True, exist_ok=True)
-        operator = cls(log_dir / log_name, namespaces, catalog)
+        operator = cls(log_dir / log_name, namespaces, catalog, port_offset)
         operator.launch()
         return operator
 
     def launch(self) -> None:
-        for port in (LIVENESS_PORT, METRICS_PORT):
+        for port in (self.liveness_port, self.metrics_port):
             # Another operator left running would answer the liveness check for this one.
             with socket.socket() as probe:
                 if probe.connect_ex(("127.0.0.1", port)) == 0:
@@ -60,9 +73,9 @@ class OperatorProcess:
                     "--log-format",
                     "plain",
                     "--liveness",
-                    f"http://127.0.0.1:{LIVENESS_PORT}/healthz",
+                    f"http://127.0.0.1:{self.liveness_port}/healthz",
                     "--metrics-port",
-                    str(METRICS_PORT),
+                    str(self.metrics_port),
                     "--namespace",
                     self.namespaces,
                     "--job-image",
@@ -76,7 +89,7 @@ class OperatorProcess:
         wait_until("the operator's liveness endpoint", self.alive, timeout=60)
 
     def metrics(self) -> str:
-        with urllib.request.urlopen(f"http://127.0.0.1:{METRICS_PORT}/metrics", timeout=5) as response:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as response:
             return response.read().decode()
 
     @property
@@ -110,7 +123,9 @@ class OperatorProcess:
         if self.process is None or self.process.poll() is not None:
             raise RuntimeError(f"the operator exited; see {self.log_path}")
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{LIVENESS_PORT}/healthz", timeout=1) as response:
+            with urllib.request.urlopen(
+                f"http://127.0.0.1:{self.liveness_port}/healthz", timeout=1
+            ) as response:
                 return response.status == 200
         except OSError:
             return False
@@ -139,3 +154,60 @@ class OperatorProcess:
         self.stop()
         time.sleep(0.5)
         self.launch()
+
+
+class InProcessOperator:
+    """The operator in a thread of the test process (the controller tier): the same
+    controllers as `statefleet operator`, started in a second and stopped with a flag."""
+
+    def __init__(self, namespaces: str, log_name: str, catalog: Path = E2E_CATALOG) -> None:
+        self.args = argparse.Namespace(
+            catalog=str(catalog),
+            namespace=[namespaces],
+            install_crds=True,
+            metrics_port=0,
+            job_image=":".join(operator_image()),
+            liveness=None,
+        )
+        self.log_path = REPO / ".testbed" / "logs" / log_name
+        self.stop_flag = threading.Event()
+        self.ready_flag = threading.Event()
+        self.failure: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, name="operator", daemon=True)
+        self.handler: logging.Handler | None = None
+
+    def _run(self) -> None:
+        try:
+            asyncio.run(cli.run_operator(self.args, stop_flag=self.stop_flag, ready_flag=self.ready_flag))
+        except BaseException as error:  # reported by start() or stop()
+            self.failure = error
+
+    def start(self) -> InProcessOperator:
+        # The operator's clients (lightkube's, kopf's) read the cluster from KUBECONFIG.
+        os.environ["KUBECONFIG"] = str(kubeconfig_path())
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self.handler = logging.FileHandler(self.log_path)
+        self.handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
+        logging.getLogger().addHandler(self.handler)
+        logging.getLogger().setLevel(logging.INFO)
+        for noisy in ("httpx", "httpx2", "kopf.objects"):
+            logging.getLogger(noisy).setLevel(logging.WARNING)
+        if os.environ.get("STATEFLEET_KOPF_DEBUG"):
+            logging.getLogger("kopf").setLevel(logging.DEBUG)
+        self.thread.start()
+        wait_until("the in-process operator watching", self._ready, timeout=60, interval=0.1)
+        return self
+
+    def _ready(self) -> bool:
+        if self.failure is not None:
+            raise RuntimeError(f"the operator stopped: {self.failure!r}; see {self.log_path}")
+        return self.ready_flag.is_set()
+
+    def stop(self) -> None:
+        self.stop_flag.set()
+        self.thread.join(timeout=30)
+        if self.handler is not None:
+            logging.getLogger().removeHandler(self.handler)
+            self.handler.close()
+        if self.thread.is_alive():
+            raise RuntimeError("the in-process operator did not stop within 30 s")

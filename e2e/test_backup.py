@@ -30,7 +30,16 @@ from backup.drivers import postgres_replace
 from backup.plan import BackupPlanKind
 from backup.resources import BackupKind, BackupStorageKind
 from backup.restore import RestoreKind
-from e2e.kube import REPO, apply, get_or_none, ready_condition, wait_gone, wait_reason, wait_until
+from e2e.kube import (
+    REPO,
+    apply,
+    get_or_none,
+    pod_is_ready,
+    ready_condition,
+    wait_gone,
+    wait_reason,
+    wait_until,
+)
 from e2e.node import kill_command
 from e2e.operator_process import OperatorProcess
 from e2e.s3 import s3_api, s3_settings
@@ -812,9 +821,18 @@ def test_a_physical_backup_replaces_a_running_instance_and_is_undone_when_it_fai
     # The annotation is gone; a restart of every pod keeps the restored data (done once per token).
     annotations = kube.get(Postgres, "demo", namespace=namespace).metadata.annotations or {}
     assert "statefleet.dev/restore-in-place" not in annotations
+    restarted = {}
     for pod in kube.list(Pod, namespace=namespace, labels={"app.kubernetes.io/instance": "demo"}):
         kube.delete(Pod, pod.metadata.name, namespace=namespace)
-    time.sleep(5)
+        restarted[pod.metadata.name] = pod.metadata.uid
+
+    def replaced() -> bool:
+        """Every pod a new one, Ready (what status says after that is about the new pods)."""
+        pods = kube.list(Pod, namespace=namespace, labels={"app.kubernetes.io/instance": "demo"})
+        now = {p.metadata.name: p.metadata.uid for p in pods if pod_is_ready(p)}
+        return now.keys() == restarted.keys() and not set(now.values()) & set(restarted.values())
+
+    wait_until("every pod replaced and Ready", replaced, timeout=300)
     wait_ready(kube, namespace, "demo", 2, timeout=300)
     assert sql(kube, namespace, "demo", CHECKSUM, database="shop") == orders
 

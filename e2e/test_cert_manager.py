@@ -25,7 +25,8 @@ from e2e.test_postgres_users import (
 )
 from framework.operator import Certificate
 
-pytestmark = pytest.mark.e2e
+# It installs cert-manager's CRDs, which every operator of the cluster sees: it runs alone.
+pytestmark = [pytest.mark.e2e, pytest.mark.serial]
 
 
 def certificate_ready(kube: Client, namespace: str, name: str) -> bool:

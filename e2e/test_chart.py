@@ -13,7 +13,8 @@ from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.apps_v1 import Deployment
 from lightkube.resources.core_v1 import Namespace, Pod
 
-from e2e.kube import REPO, delete_namespace, kubeconfig_path, operator_image, wait_until
+from e2e.kube import REPO, kubeconfig_path, operator_image, wait_until
+from e2e.namespaces import TEST_LABEL, DeletedNamespaces
 from e2e.test_backup import Backup, BackupPlan, Restore, plan_backups, storage, verified
 from e2e.test_postgres import Postgres, create, wait_ready
 
@@ -26,10 +27,10 @@ def helm(*args: str) -> str:
 
 
 @pytest.fixture
-def chart_namespace(kube: Client) -> Iterator[str]:
-    # Not t-*: the operator the other tests run on the host must not see this namespace.
+def chart_namespace(kube: Client, deleted_namespaces: DeletedNamespaces) -> Iterator[str]:
+    # Not t<N>-*: the operators the other tests run on the host must not see this namespace.
     name = f"chart-{uuid.uuid4().hex[:6]}"
-    kube.create(Namespace(metadata=ObjectMeta(name=name, labels={"statefleet.dev/test": "true"})))
+    kube.create(Namespace(metadata=ObjectMeta(name=name, labels=TEST_LABEL)))
     yield name
     # Backups and Restores carry the operator's finalizer: remove them while it still runs.
     for kind in (BackupPlan, Backup, Restore):
@@ -44,7 +45,7 @@ def chart_namespace(kube: Client) -> Iterator[str]:
          "--namespace", name, "--wait"],
         check=False, capture_output=True,
     )  # fmt: skip
-    delete_namespace(kube, name, wait=180)
+    deleted_namespaces.delete(name)
 
 
 def test_chart_installs_an_operator_that_serves_postgres(

@@ -4,19 +4,18 @@ with the operator running from this checkout and real PostgreSQL servers."""
 from __future__ import annotations
 
 import base64
+import re
 import time
 from typing import Any
 
 import psycopg
 import pytest
 from lightkube import Client
-from lightkube.core.exceptions import ApiError
 from lightkube.resources.apps_v1 import StatefulSet
 from lightkube.resources.core_v1 import ConfigMap, Event, PersistentVolumeClaim, Pod, Secret, Service
 from lightkube.types import PatchType
 
 from e2e.kube import get_or_none, wait_until
-from e2e.manifests import ON_KWOK
 from e2e.operator_process import OperatorProcess
 from framework.rollout.controller import Rollout
 from services.postgres import PLUGIN
@@ -208,107 +207,20 @@ def test_operator_restart_changes_nothing(kube: Client, namespace: str, operator
     assert len(before) >= 7, before
     operator.restart()
     assert operator.stopped_in < 15, f"the operator took {operator.stopped_in:.0f}s to stop on SIGTERM"
-    time.sleep(10)  # the restarted operator has listed and reconciled everything by now
-    assert versions() == before
+
+    def passed_twice() -> bool:
+        """The restarted operator listed the resource, asked its server and passed again (its
+        counters also count what this worker's earlier tests left being deleted: at least)."""
+        exposed = operator.metrics()
+        passes = re.search(
+            r'^statefleet_reconcile_total\{kind="Postgres",result="ok"\} (\S+)$', exposed, re.M
+        )
+        ready = re.search(r'^statefleet_resources_ready\{kind="Postgres"\} (\S+)$', exposed, re.M)
+        return bool(passes and float(passes[1]) >= 2 and ready and float(ready[1]) >= 1)
+
+    wait_until("two passes of the restarted operator, Ready", passed_twice, timeout=60)
+    assert settled() == before  # and nothing written for 3 s more
     assert event_count() == events_before
-    exposed = operator.metrics()
-    assert 'statefleet_reconcile_total{kind="Postgres",result="ok"}' in exposed
-    assert 'statefleet_resources_ready{kind="Postgres"}' in exposed
-
-
-def test_bad_input_gets_a_clear_error_naming_the_field(
-    kube: Client, namespace: str, operator: OperatorProcess
-) -> None:
-    # What the schema can say, the API server refuses at admission.
-    with pytest.raises(ApiError) as refused:
-        create(kube, namespace, "toomany", {"instances": 12, "storage": {"size": "1Gi"}})
-    assert refused.value.status.code == 422
-    assert "spec.instances" in refused.value.status.message
-
-    with pytest.raises(ApiError) as refused:
-        create(kube, namespace, "managed", {"storage": {"size": "1Gi"}, "parameters": {"port": "6000"}})
-    assert "parameters may not set what the operator manages" in refused.value.status.message
-
-    # What only the catalog knows: Ready=False, reason InvalidSpec, naming the offered versions.
-    create(kube, namespace, "unknown", {"version": "16", "storage": {"size": "1Gi"}})
-    invalid = wait_until("InvalidSpec", lambda: condition(kube, namespace, "unknown"), timeout=30)
-    assert invalid["reason"] == "InvalidSpec"
-    assert invalid["message"] == "spec.version: '16' is not offered; offered versions: 15, 17"
-    assert not list(kube.list(StatefulSet, namespace=namespace))
-
-    # The platform team switched 13 off: refused the same way.
-    create(kube, namespace, "switched-off", {"version": "13", "storage": {"size": "1Gi"}})
-    invalid = wait_until("InvalidSpec", lambda: condition(kube, namespace, "switched-off"), timeout=30)
-    assert invalid["reason"] == "InvalidSpec"
-    assert invalid["message"] == "spec.version: '13' is disabled; offered versions: 15, 17"
-
-    # Another storage class would leave the data behind: refused at admission...
-    classy = {"storage": {"size": "1Gi", "storageClass": "standard"}, "podTemplate": ON_KWOK}
-    create(kube, namespace, "classy", classy)
-    with pytest.raises(ApiError) as refused:
-        patch_spec(kube, namespace, "classy", {"storage": {"size": "1Gi", "storageClass": "fast"}})
-    assert refused.value.status.code == 422
-    assert "spec.storage.storageClass: Invalid value" in refused.value.status.message
-    assert "storageClass is immutable" in refused.value.status.message
-
-    # Shrinking the volumes would lose data: refused, and nothing is changed.
-    create(kube, namespace, "keep", {"version": "15", "storage": {"size": "1Gi"}})
-    wait_ready(kube, namespace, "keep", 1)
-    patch_spec(kube, namespace, "keep", {"storage": {"size": "500Mi"}})
-
-    def refused_change() -> dict[str, Any] | None:
-        found = condition(kube, namespace, "keep")
-        return found if found and found["reason"] == "ChangeRefused" else None
-
-    refusal = wait_until("ChangeRefused", refused_change, timeout=30)
-    assert "spec.storage.size: shrinking the volumes from 1Gi to 500Mi would lose data" in refusal["message"]
-    sts = kube.get(StatefulSet, "keep", namespace=namespace)
-    assert sts.spec.volumeClaimTemplates[0].spec.resources.requests["storage"] == "1Gi"
-
-    # ... and by the operator when a class is added to volumes made with the default one.
-    patch_spec(kube, namespace, "keep", {"storage": {"size": "1Gi", "storageClass": "fast"}})
-    refusal = wait_until(
-        "ChangeRefused for the class",
-        lambda: (found := refused_change()) and "storageClass" in found["message"] and found,
-        timeout=30,
-    )
-    assert refusal["message"].startswith(
-        "spec.storage.storageClass: moving the volumes from the cluster's default class to fast"
-    )
-    sts = kube.get(StatefulSet, "keep", namespace=namespace)
-    assert sts.spec.volumeClaimTemplates[0].spec.storageClassName is None
-    claim = kube.get(PersistentVolumeClaim, "data-keep-0", namespace=namespace)
-    assert claim.spec.storageClassName == "standard"
-
-    # Put back, the instance is Ready again without having been touched.
-    patch_spec(kube, namespace, "keep", {"storage": {"size": "1Gi", "storageClass": None}})
-    wait_ready(kube, namespace, "keep", 1)
-
-    # A major upgrade (15 -> 17) is refused, never a server that cannot read its data.
-    image = kube.get(StatefulSet, "keep", namespace=namespace).spec.template.spec.containers[0].image
-    patch_spec(kube, namespace, "keep", {"version": "17"})
-    refusal = wait_until(
-        "ChangeRefused for the version",
-        lambda: (found := refused_change()) and "spec.version" in found["message"] and found,
-        timeout=30,
-    )
-    assert refusal["message"] == (
-        "spec.version: upgrading the data from PostgreSQL 15 to 17 needs a major upgrade (pg_upgrade), "
-        "which is not supported yet; set it back to 15"
-    )
-    assert kube.get(StatefulSet, "keep", namespace=namespace).spec.template.spec.containers[0].image == image
-    patch_spec(kube, namespace, "keep", {"version": "15"})
-    wait_ready(kube, namespace, "keep", 1)
-
-    # 15 is deprecated in this catalog: it runs, with one warning Event.
-    warnings = [
-        e
-        for e in kube.list(Event, namespace=namespace, fields={"involvedObject.name": "keep"})
-        if e.reason == "DeprecatedVersion"
-    ]
-    assert len(warnings) == 1
-    assert warnings[0].type == "Warning"
-    assert warnings[0].message == "version 15 is deprecated in the catalog"
 
 
 def test_a_deleted_pod_comes_back_with_its_role(

@@ -9,6 +9,7 @@ import socket
 import ssl
 import struct
 import time
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -16,19 +17,20 @@ import psycopg
 import pytest
 from cryptography import x509
 from lightkube import Client
-from lightkube.core.exceptions import ApiError
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Event, Secret, Service
 from lightkube.types import PatchType
 
 from e2e.kube import apply, get_or_none, ready_condition, secret_data, wait_reason, wait_until
+from e2e.namespaces import DeletedNamespaces, namespace_prefix, new_namespace
 from e2e.operator_process import OperatorProcess
 from e2e.test_postgres import Postgres, create, execute, query, wait_ready
 from framework.binding import ServiceBindingKind
 from framework.certificates import plan_tls
 from services.postgres.users import PostgresUserKind
 
-pytestmark = pytest.mark.e2e
+# One worker runs the steps, in this order: they share one instance.
+pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("postgres-users")]
 
 PostgresUser = PostgresUserKind.resource()
 ServiceBinding = ServiceBindingKind.resource()
@@ -55,13 +57,29 @@ def roles(kube: Client, namespace: str) -> set[str]:
     return set(query(kube, namespace, "demo-rw", sql).split(","))
 
 
+@pytest.fixture(scope="module")
+def namespace(kube: Client, deleted_namespaces: DeletedNamespaces) -> Iterator[str]:
+    """The steps' one namespace (overrides the per-test one)."""
+    name = new_namespace(kube, namespace_prefix(), "postgres-users")
+    yield name
+    deleted_namespaces.delete(name)
+
+
+@pytest.fixture(scope="module")
+def demo(kube: Client, namespace: str, operator: OperatorProcess) -> str:
+    """The one-instance Postgres the steps share, made by the first that needs it."""
+    create(kube, namespace, "demo", {"version": "15", "storage": {"size": "1Gi"}})
+    wait_ready(kube, namespace, "demo", 1)
+    return "demo"
+
+
 def events(kube: Client, namespace: str, name: str, reason: str) -> list[Event]:
     found = kube.list(Event, namespace=namespace, fields={"involvedObject.name": name})
     return [e for e in found if e.reason == reason]
 
 
 def test_a_binding_waits_for_its_instance_then_hands_out_its_own_credentials(
-    kube: Client, namespace: str, operator: OperatorProcess
+    kube: Client, namespace: str, operator: OperatorProcess, request: pytest.FixtureRequest
 ) -> None:
     # The issue's example, applied before the instance exists.
     apply(
@@ -73,8 +91,7 @@ def test_a_binding_waits_for_its_instance_then_hands_out_its_own_credentials(
     )
     message = wait_reason(kube, ServiceBinding, namespace, "orders-db", "ServiceNotFound")
     assert message.startswith(f"spec.service.name: Postgres demo does not exist in namespace {namespace}")
-    create(kube, namespace, "demo", {"version": "15", "storage": {"size": "1Gi"}})
-    wait_ready(kube, namespace, "demo", 1)
+    request.getfixturevalue("demo")  # the instance made now, after its binding
     wait_reason(kube, ServiceBinding, namespace, "orders-db", "Bound", timeout=120)
 
     secret = kube.get(Secret, "orders-db", namespace=namespace)
@@ -103,11 +120,6 @@ def test_a_binding_waits_for_its_instance_then_hands_out_its_own_credentials(
     user = kube.get(PostgresUser, "orders-db", namespace=namespace)
     assert user.metadata.ownerReferences[0].kind == "ServiceBinding"
 
-    # A binding to a kind that takes none is refused, naming the field.
-    apply(kube, ServiceBinding, namespace, "bogus", {"service": {"kind": "Redis", "name": "x"}})
-    message = wait_reason(kube, ServiceBinding, namespace, "bogus", "UnknownService")
-    assert message == "spec.service.kind: Redis cannot be bound; one of MongoDB, Postgres, RabbitMQ"
-
     # Unbinding removes the Secret, the PostgresUser and the role; the data stays.
     kube.delete(ServiceBinding, "orders-db", namespace=namespace)
     wait_until(
@@ -124,9 +136,7 @@ def test_a_binding_waits_for_its_instance_then_hands_out_its_own_credentials(
     assert query(kube, namespace, "demo-rw", owner) == "postgres"
 
 
-def test_postgres_user_lifecycle(kube: Client, namespace: str, operator: OperatorProcess) -> None:
-    create(kube, namespace, "demo", {"version": "15", "storage": {"size": "1Gi"}})
-    wait_ready(kube, namespace, "demo", 1)
+def test_postgres_user_lifecycle(kube: Client, namespace: str, demo: str) -> None:
     # The issue's example as written.
     apply(
         kube,
@@ -218,24 +228,11 @@ def test_postgres_user_lifecycle(kube: Client, namespace: str, operator: Operato
     with login(kube, namespace, "analyst", "reads-all", "reporting") as conn:
         assert conn.execute("select sum(amount) from sales").fetchone() == (30,)  # pg_read_all_data
 
-    # A user of a missing instance, and a role the operator did not create, are refused.
-    apply(kube, PostgresUser, namespace, "lost", {"instance": "nowhere"})
-    message = wait_reason(kube, PostgresUser, namespace, "lost", "InstanceNotFound")
-    assert message == f"spec.instance: Postgres nowhere does not exist in namespace {namespace}"
+    # A role the operator did not create is refused.
     execute(kube, namespace, "demo-rw", "create role intruder")
     apply(kube, PostgresUser, namespace, "intruder", {"instance": "demo"})
     message = wait_reason(kube, PostgresUser, namespace, "intruder", "Refused")
     assert "the role intruder exists and was not created for this resource" in message
-    with pytest.raises(ApiError, match="server's own"):
-        apply(kube, PostgresUser, namespace, "sneaky", {"instance": "demo", "role": "postgres"})
-    with pytest.raises(ApiError, match="memberOf may not grant the superuser's powers"):
-        apply(
-            kube,
-            PostgresUser,
-            namespace,
-            "sneaky",
-            {"instance": "demo", "memberOf": ["pg_read_server_files"]},
-        )
     # A role with a superuser's powers, made by hand, is refused by the operator itself.
     execute(kube, namespace, "demo-rw", "create role admins superuser")
     apply(kube, PostgresUser, namespace, "climber", {"instance": "demo", "memberOf": ["admins"]})
@@ -306,10 +303,8 @@ def verify_full(binding: dict[str, str], address: str, rootcert: Path) -> psycop
 
 
 def test_tls_verify_full_with_the_binding_ca_and_a_renewed_certificate(
-    kube: Client, namespace: str, operator: OperatorProcess, tmp_path: Path
+    kube: Client, namespace: str, demo: str, tmp_path: Path
 ) -> None:
-    create(kube, namespace, "demo", {"version": "15", "storage": {"size": "1Gi"}})
-    wait_ready(kube, namespace, "demo", 1)
     apply(kube, ServiceBinding, namespace, "app", {"service": {"kind": "Postgres", "name": "demo"}})
     wait_reason(kube, ServiceBinding, namespace, "app", "Bound", timeout=120)
     data = secret_data(kube, namespace, "app")
@@ -346,12 +341,14 @@ def test_tls_verify_full_with_the_binding_ca_and_a_renewed_certificate(
     )
     new_serial = x509.load_pem_x509_certificate(base64.b64decode(renewed.data["tls.crt"])).serial_number
     assert new_serial != first.serial_number
-    wait_until(
-        "the server presents the new certificate",
-        lambda: served_certificate(address).serial_number == new_serial,
-        timeout=240,
-        interval=5,
-    )
+
+    def presents_the_new_one() -> bool:
+        try:
+            return served_certificate(address).serial_number == new_serial
+        except ConnectionRefusedError:  # demo-rw between endpoints: asked again, as a client would
+            return False
+
+    wait_until("the server presents the new certificate", presents_the_new_one, timeout=240, interval=5)
     with verified(root) as conn:  # the same CA: the application's copy still verifies
         assert conn.execute("select 1").fetchone() == (1,)
     assert events(kube, namespace, "demo", "CertificateIssued")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 from urllib.parse import quote
 
@@ -14,12 +15,12 @@ import pika
 import pika.exceptions
 import pytest
 from lightkube import Client
-from lightkube.core.exceptions import ApiError
 from lightkube.resources.batch_v1 import Job
 from lightkube.resources.core_v1 import Event, PersistentVolumeClaim, Pod, Secret, Service
 from lightkube.types import PatchType
 
 from e2e.kube import apply, get_or_none, kubectl, pod_is_ready, secret_data, wait_reason, wait_until
+from e2e.namespaces import DeletedNamespaces, namespace_prefix, new_namespace
 from e2e.operator_process import OperatorProcess
 from e2e.test_backup import Backup, Restore, storage, wait_phase
 from framework.binding import ServiceBindingKind
@@ -174,26 +175,6 @@ def node_memory_limits(kube: Client, namespace: str, name: str) -> dict[str, int
         return limits if all(limits.values()) else None
 
     return wait_until("every node's memory limit", reported, 60, 1)
-
-
-def test_bad_config_is_refused_by_the_api_server(
-    kube: Client, namespace: str, operator: OperatorProcess
-) -> None:
-    """(The operator installs the CRDs; the API server refuses, with their CEL rules.)"""
-    with pytest.raises(ApiError) as refused:
-        create(
-            kube,
-            namespace,
-            "events",
-            {
-                "replicas": 3,
-                "storage": {"size": "1Gi"},
-                "config": {"cluster_formation.peer_discovery_backend": "k8s"},
-            },
-        )
-    assert refused.value.status.code == 422
-    assert "spec.config" in refused.value.status.message
-    assert "config may not set what the operator manages" in refused.value.status.message
 
 
 def test_a_cluster_forms_serves_keeps_its_queues_when_a_node_is_lost_rolls_out_and_scales_3_5_3(
@@ -439,11 +420,20 @@ def login(kube: Client, namespace: str, user: str, password: str, vhost: str) ->
             time.sleep(1)
 
 
-def test_users_vhosts_permissions_and_a_binding(
-    kube: Client, namespace: str, operator: OperatorProcess
-) -> None:
-    create(kube, namespace, "events", {"version": "3", "replicas": 1, "storage": {"size": "1Gi"}})
-    wait_formed(kube, namespace, "events", 1)
+@pytest.fixture(scope="module")
+def one_node(kube: Client, deleted_namespaces: DeletedNamespaces, operator: OperatorProcess) -> Iterator[str]:
+    """A namespace with a 1-node RabbitMQ `events`, which the steps marked with the group
+    `rabbitmq-one-node` share (one worker runs them, in order)."""
+    name = new_namespace(kube, namespace_prefix(), "rabbitmq-one-node")
+    create(kube, name, "events", {"version": "3", "replicas": 1, "storage": {"size": "1Gi"}})
+    wait_formed(kube, name, "events", 1)
+    yield name
+    deleted_namespaces.delete(name)
+
+
+@pytest.mark.xdist_group("rabbitmq-one-node")
+def test_users_vhosts_permissions_and_a_binding(kube: Client, one_node: str) -> None:
+    namespace = one_node
 
     # A binding: the application's own user and vhost, in a servicebinding.io Secret.
     apply(kube, ServiceBinding, namespace, "orders", {"service": {"kind": "RabbitMQ", "name": "events"}})
@@ -567,11 +557,9 @@ def management_change(kube: Client, namespace: str, name: str, method: str, path
     response.raise_for_status()
 
 
-def test_definitions_backup_restores_into_a_new_cluster(
-    kube: Client, namespace: str, operator: OperatorProcess, bucket: str
-) -> None:
-    create(kube, namespace, "events", {"version": "3", "replicas": 1, "storage": {"size": "1Gi"}})
-    wait_formed(kube, namespace, "events", 1)
+@pytest.mark.xdist_group("rabbitmq-one-node")
+def test_definitions_backup_restores_into_a_new_cluster(kube: Client, one_node: str, bucket: str) -> None:
+    namespace = one_node
     apply(kube, RabbitMQUser, namespace, "app", {"instance": "events", "ownVhost": True})
     wait_reason(kube, RabbitMQUser, namespace, "app", "Reconciled", timeout=60)
     app_password = secret_data(kube, namespace, "app-credentials")["password"]

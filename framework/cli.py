@@ -15,6 +15,7 @@ import ctypes
 import logging
 import os
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,7 @@ import kopf
 import yaml
 from lightkube import AsyncClient, Client, codecs
 
-from framework import metrics
+from framework import kopf_fixes, metrics
 from framework.catalog import Catalog
 from framework.commands import rollout
 from framework.crd import render_all
@@ -41,7 +42,14 @@ async def install_crds(client: AsyncClient) -> None:
         await client.apply(codecs.from_dict(yaml.safe_load(text)), field_manager=MANAGER, force=True)
 
 
-async def run_operator(args: argparse.Namespace) -> None:
+async def run_operator(
+    args: argparse.Namespace,
+    stop_flag: threading.Event | None = None,
+    ready_flag: threading.Event | None = None,
+) -> None:
+    """Every controller, until SIGTERM or SIGINT; or, run in a thread of another program (the
+    controller tests), until `stop_flag` is set. `ready_flag` is set once the watches run."""
+    kopf_fixes.apply()
     catalog = Catalog.from_file(Path(args.catalog))
     # A busy API server answers slowly rather than not at all: wait for it.
     client = AsyncClient(field_manager=MANAGER, timeout=httpx2.Timeout(60, connect=10))
@@ -80,6 +88,8 @@ async def run_operator(args: argparse.Namespace) -> None:
             namespaces=args.namespace,
             standalone=True,
             liveness_endpoint=args.liveness,
+            stop_flag=stop_flag,
+            ready_flag=ready_flag,
         )
     finally:
         for resync in resyncs:

@@ -20,3 +20,10 @@ def incarnation(pod: dict[str, Any]) -> str:
     """Which life of the pod's server: a new pod or a restarted container is another one."""
     restarts = sum(c.get("restartCount", 0) for c in (pod.get("status") or {}).get("containerStatuses") or [])
     return f"{pod['metadata'].get('uid')}/{restarts}"
+
+
+def has_run(pod: dict[str, Any]) -> bool:
+    """Whether a container of the pod has started (running now, or ended since): it read its
+    mounted files then. A pod still being created reads them as they are when it starts."""
+    statuses = (pod.get("status") or {}).get("containerStatuses") or []
+    return any({"running", "terminated"} & set(s.get("state") or {}) or s.get("lastState") for s in statuses)

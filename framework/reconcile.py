@@ -30,6 +30,7 @@ from framework.certificates import (
 )
 from framework.conditions import Condition
 from framework.plugin import TLS_CA, TLS_SERVER, EventNote, Observed, Operations, ServicePlugin, ServiceStatus
+from framework.pods import has_run
 from framework.render import render_children
 from framework.secrets import decoded
 
@@ -256,7 +257,8 @@ def plan_instance_tls(
         "provider": "operator",
     }
     if planned.server:
-        result.status["issuedAtSeconds"] = now
+        if servers_read_certificates(observed):
+            result.status["issuedAtSeconds"] = now
         result.events.append(
             EventNote(
                 "Normal",
@@ -265,6 +267,13 @@ def plan_instance_tls(
             )
         )
     return result
+
+
+def servers_read_certificates(observed: Observed) -> bool:
+    """Whether a server of the instance has read its certificate files already: a new
+    certificate then reaches it only by a reload (`status.tls.issuedAtSeconds` schedules them).
+    Servers that have not started yet (the instance's first certificate) read the new one."""
+    return any(has_run(pod) for pod in observed.pods)
 
 
 def plan_cert_manager_tls(
@@ -309,7 +318,9 @@ def plan_cert_manager_tls(
     stamp = not_after.strftime("%Y-%m-%dT%H:%M:%SZ")
     status.pop("waiting", None)
     if previous.get("notAfter") != stamp:
-        status.update(notAfter=stamp, issuedAtSeconds=now)
+        status["notAfter"] = stamp
+        if servers_read_certificates(observed):
+            status["issuedAtSeconds"] = now
         result.events.append(
             EventNote(
                 "Normal", "CertificateIssued", f"cert-manager issued a server certificate valid until {stamp}"

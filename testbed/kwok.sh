@@ -7,7 +7,8 @@
 #   KWOK_POD_DELAY_MS      delay of each pod stage (create, ready, ...; default 500)
 #   KWOK_POD_JITTER_MS     random extra delay on top (default 500)
 # A pod can set its own with the annotations pod-ready.stage.kwok.x-k8s.io/delay and
-# pod-ready.stage.kwok.x-k8s.io/jitter-delay (durations such as "3s").
+# pod-ready.stage.kwok.x-k8s.io/jitter-delay (durations such as "3s"; kwok takes the smaller of
+# the two, so a delay longer than the jitter needs both).
 # Simulated nodes carry the taint kwok.x-k8s.io/node=fake:NoSchedule and the label
 # type=kwok: a workload opts in with a toleration and a node selector.
 # shellcheck source=testbed/lib.sh

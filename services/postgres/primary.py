@@ -433,6 +433,11 @@ def _finish_change(
     if (chosen is None or chosen.facts is None or chosen.terminating) and change.get("promoting"):
         plan.probe_again = 1.0  # promoted, or being: never a second one
         return plan
+    if chosen is not None and chosen.facts is None and not _gone(chosen, observed.monotonic):
+        # One answer lost (a busy machine): the chosen one is the most advanced, or the one a
+        # switchover asked for; another would be a different choice, so ask again first.
+        plan.probe_again = 0.3
+        return plan
     if chosen is None or chosen.facts is None or chosen.terminating:
         # The chosen standby went away too: choose again among those that answer.
         others = [m for m in observed.members.values() if m.pod not in (primary, target)]
@@ -466,6 +471,14 @@ def _finish_change(
     )
     plan.probe_again = 1.0
     return plan
+
+
+def _gone(member: Member, monotonic: float) -> bool:
+    """Whether a standby that does not answer is down: its pod gone, stopping or not Ready, or
+    its server silent for as long as declares a primary down."""
+    if not member.exists or member.terminating or not member.ready:
+        return True
+    return member.silent_since is not None and monotonic - member.silent_since >= SILENT_LIMIT
 
 
 def parse_lsn(text: str | None) -> int:

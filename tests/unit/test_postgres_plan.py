@@ -12,6 +12,7 @@ from framework.catalog import Catalog
 from framework.certificates import choose_tls_provider, plan_tls
 from framework.crd import CHART_CRDS_DIR, CRDS_DIR, HEADER, render_all
 from framework.plugin import Observed
+from framework.pods import has_run
 from framework.reconcile import plan, status_changed
 from framework.rollout.spec import RolloutSpec
 from services.postgres import PLUGIN
@@ -239,6 +240,36 @@ def test_status_roles_and_a_second_pass_change_nothing() -> None:
     assert second.events == []
 
 
+def running_pod(name: str) -> dict:
+    pod = ready_pod(name)
+    pod["status"]["containerStatuses"] = [{"name": "postgres", "state": {"running": {}}}]
+    return pod
+
+
+def test_servers_reload_a_certificate_only_when_one_replaces_what_they_read() -> None:
+    spec = {"instances": 1, "storage": {"size": "1Gi"}}
+    # The first: the pods start with it (their Secret volume waits for it): nothing to reload.
+    first = plan(PLUGIN, observed(spec), CATALOG, "uid", now=100.0)
+    assert [e.reason for e in first.events if e.reason.startswith("Certificate")] == ["CertificateIssued"]
+    assert "issuedAtSeconds" not in first.status["tls"]
+    assert not [a for a in first.operations.actions if type(a).__name__ == "ReloadConfiguration"]
+    # The server Secret lost while the server runs: a new one, which it reloads for a while.
+    ca = next(s for s in first.secrets_to_apply if s["metadata"]["name"] == "demo-ca")
+    again = plan(
+        PLUGIN,
+        observed(spec, status=first.status, secrets={"ca": ca}, pods=[running_pod("demo-0")]),
+        CATALOG,
+        "uid",
+        now=200.0,
+    )
+    assert [s["metadata"]["name"] for s in again.secrets_to_apply] == ["demo-tls"]
+    assert again.status["tls"]["issuedAtSeconds"] == 200.0
+    assert has_run(running_pod("demo-0"))
+    assert not has_run(ready_pod("demo-0"))
+    waiting = {"status": {"containerStatuses": [{"state": {"waiting": {"reason": "ContainerCreating"}}}]}}
+    assert not has_run({"metadata": {"name": "demo-0"}, **waiting})
+
+
 def test_a_deprecated_version_works_with_one_warning() -> None:
     spec = {"version": "14", "storage": {"size": "1Gi"}}
     first = plan(PLUGIN, observed(spec), CATALOG, "uid")
@@ -418,7 +449,8 @@ def test_with_cert_manager_served_a_new_instance_gets_its_certificates_from_it()
     (owner,) = second.secrets_to_apply[0]["metadata"]["ownerReferences"]
     assert (owner["kind"], owner["uid"]) == ("Certificate", "cert-uid")
     assert "waiting" not in second.status["tls"]
-    assert second.status["tls"]["issuedAtSeconds"] == 0.0
+    # No server has started yet: each reads this one when it starts, no reload is scheduled.
+    assert "issuedAtSeconds" not in second.status["tls"]
     assert [e.reason for e in second.events if e.reason.startswith("Certificate")] == ["CertificateIssued"]
     owned = {"tls": cert_manager_secret(89, owners=[{"uid": "cert-uid"}])}
     third = plan(
@@ -451,15 +483,16 @@ def test_cert_manager_failing_is_said_in_status_and_a_renewal_is_noticed() -> No
     issued = plan(
         PLUGIN, observed(spec, status=first.status, secrets={"tls": cert_manager_secret(30)}), CATALOG, "uid"
     )
+    serving = [running_pod("demo-0")]
     renewed = plan(
         PLUGIN,
-        observed(spec, status=issued.status, secrets={"tls": cert_manager_secret(89)}),
+        observed(spec, status=issued.status, secrets={"tls": cert_manager_secret(89)}, pods=serving),
         CATALOG,
         "uid",
         now=500.0,
     )
     assert renewed.status["tls"]["notAfter"] > issued.status["tls"]["notAfter"]
-    assert renewed.status["tls"]["issuedAtSeconds"] == 500.0  # the servers reload the new one
+    assert renewed.status["tls"]["issuedAtSeconds"] == 500.0  # the running server reloads the new one
 
 
 def test_the_provider_is_chosen_once_and_kept() -> None:

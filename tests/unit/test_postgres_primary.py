@@ -223,6 +223,24 @@ def test_a_chosen_standby_that_goes_away_mid_failover_is_replaced() -> None:
     assert plan.actions == []
 
 
+def test_a_chosen_standby_that_missed_one_answer_is_asked_again_then_replaced_once_silent() -> None:
+    # A busy machine lost one answer of the chosen, still Ready: it stays the choice.
+    lost = member("demo-1", None, ready=True, silent_since=CLOCK - 1)
+    plan = plan_primary(
+        observe(member("demo-0", None, ready=False), lost, member("demo-2", standby(90)), status=CHANGING)
+    )
+    assert plan.target == "demo-1"
+    assert plan.actions == []
+    assert plan.probe_again is not None
+    assert plan.probe_again < 1
+    # Silent as long as declares a server down: another is chosen.
+    silent = member("demo-1", None, ready=True, silent_since=CLOCK - SILENT_LIMIT)
+    plan = plan_primary(
+        observe(member("demo-0", None, ready=False), silent, member("demo-2", standby(90)), status=CHANGING)
+    )
+    assert plan.target == "demo-2"
+
+
 def test_a_switchover_stops_the_old_primary_cleanly_then_promotes() -> None:
     request = {"switchover_to": "demo-1", "switchover_request": "demo-1@t1"}
     plan = plan_primary(observe(member("demo-0", primary()), member("demo-1", standby()), **request))

@@ -1,0 +1,93 @@
+"""Test namespaces: made per test (or per module of ordered steps), deleted without waiting,
+checked to be gone at the end of the session."""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+import uuid
+
+from lightkube import Client
+from lightkube.core.exceptions import ApiError
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.core_v1 import Namespace
+
+TEST_LABEL = {"statefleet.dev/test": "true"}
+
+# How long a deleted test namespace may take to go (its pods stopped, its finalizers run):
+# the same limit as when every test waited for its own.
+NAMESPACE_DELETION_LIMIT = 180.0
+
+
+def worker_tag() -> str:
+    """N for xdist's worker gwN; empty outside xdist (a test run by hand beside a parallel run
+    then has namespaces and ports of its own)."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    return worker[2:] if worker.startswith("gw") else ""
+
+
+def worker_index() -> int:
+    """0 outside xdist, N + 1 for worker gwN: an offset for this process's ports."""
+    tag = worker_tag()
+    return int(tag) + 1 if tag else 0
+
+
+def worker_name() -> str:
+    """gwN under xdist, main outside."""
+    return os.environ.get("PYTEST_XDIST_WORKER", "main")
+
+
+def namespace_prefix(kind: str = "t") -> str:
+    """`t<N>-` for worker N's e2e tests (`c<N>-`: its controller tier), `t-` outside xdist;
+    t1-* does not match t10-...: no two patterns overlap."""
+    return f"{kind}{worker_tag()}-"
+
+
+class DeletedNamespaces:
+    """Namespaces deleted by this worker's tests. A test does not wait for its namespace to
+    go (17 to 71 s each, mostly pods stopping): the deletions go on while the next tests run,
+    and at the end of the session every one must have finished within its time limit."""
+
+    def __init__(self, kube: Client) -> None:
+        self.kube = kube
+        self.deleted: dict[str, float] = {}  # name -> when it was deleted (monotonic)
+
+    def delete(self, name: str) -> None:
+        try:
+            self.kube.delete(Namespace, name)
+        except ApiError as error:
+            if error.status.code != 404:
+                raise
+        self.deleted[name] = time.monotonic()
+
+    def present(self) -> set[str]:
+        return {
+            ns.metadata.name
+            for ns in self.kube.list(Namespace, labels=TEST_LABEL)
+            if ns.metadata.name in self.deleted
+        }
+
+    def settle(self) -> None:
+        """Waits for every deleted namespace; fails naming those past their limit."""
+        while self.deleted:
+            left = self.present()
+            now = time.monotonic()
+            late = {name for name in left if now - self.deleted[name] > NAMESPACE_DELETION_LIMIT}
+            self.deleted = {name: at for name, at in self.deleted.items() if name in left}
+            if late:
+                stuck = {name: self.deleted.pop(name) for name in late}
+                raise AssertionError(
+                    f"namespaces not deleted within {NAMESPACE_DELETION_LIMIT:.0f} s: {sorted(stuck)} "
+                    "(kubectl get ns NAME -o yaml tells what holds them)"
+                )
+            if self.deleted:
+                time.sleep(1)
+
+
+def new_namespace(kube: Client, prefix: str, readable: str) -> str:
+    """`<prefix><readable>-<random>`, labelled as a test's."""
+    readable = re.sub(r"[^a-z0-9]+", "-", readable.lower())[:40].strip("-")
+    name = f"{prefix}{readable}-{uuid.uuid4().hex[:5]}"
+    kube.create(Namespace(metadata=ObjectMeta(name=name, labels=TEST_LABEL)))
+    return name
