@@ -23,6 +23,7 @@ import httpx2
 import kopf
 import yaml
 from lightkube import AsyncClient, Client, codecs
+from lightkube.resources.apiextensions_v1 import CustomResourceDefinition
 
 from framework import kopf_fixes, metrics
 from framework.catalog import Catalog
@@ -37,9 +38,39 @@ from framework.rollout.controller import RolloutController
 DEFAULT_CATALOG = Path(__file__).resolve().parent.parent / "examples" / "catalog.yaml"
 
 
+CRDS_SERVED_WITHIN = 60.0
+
+
 async def install_crds(client: AsyncClient) -> None:
-    for text in render_all().values():
-        await client.apply(codecs.from_dict(yaml.safe_load(text)), field_manager=MANAGER, force=True)
+    """Apply the CRDs, then wait until the API server serves every one. kopf resolves the
+    resources it watches from discovery once at start, and again only when a CRD changes: a CRD
+    that another operator created a moment before, still missing from discovery, would otherwise
+    stay unwatched for good (seen with two operators started together)."""
+    crds = [yaml.safe_load(text) for text in render_all().values()]
+    for crd in crds:
+        await client.apply(codecs.from_dict(crd), field_manager=MANAGER, force=True)
+    try:
+        async with asyncio.timeout(CRDS_SERVED_WITHIN):
+            for crd in crds:
+                await client.wait(
+                    CustomResourceDefinition, crd["metadata"]["name"], for_conditions=["Established"]
+                )
+            await wait_discovered(client, crds)
+    except TimeoutError:
+        raise SystemExit(f"the API server did not serve the CRDs within {CRDS_SERVED_WITHIN:.0f} s") from None
+
+
+async def wait_discovered(client: AsyncClient, crds: list[dict[str, Any]]) -> None:
+    http = client._client._client  # lightkube has no discovery call; its HTTP client has the auth
+    for crd in crds:
+        spec = crd["spec"]
+        for version in (v["name"] for v in spec["versions"] if v.get("served", True)):
+            while True:
+                answer = await http.get(f"/apis/{spec['group']}/{version}")
+                listed = answer.json().get("resources", []) if answer.status_code == 200 else []
+                if any(r["name"] == spec["names"]["plural"] for r in listed):
+                    break
+                await asyncio.sleep(0.2)
 
 
 async def run_operator(
