@@ -20,6 +20,7 @@ import subprocess
 import tarfile
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,7 @@ from typing import Any
 import psycopg
 
 from backup.drivers import CheckFailed, Sink, Source, Taken, postgres_in_place, postgres_replace
-from backup.drivers.postgres_connection import connect
+from backup.drivers.postgres_connection import SETTLE_SECONDS, connect, unreachable
 from backup.manifest import Manifest, PhysicalPosition
 from backup.storage import CHUNK
 
@@ -143,25 +144,34 @@ def decompressed(chunks: Iterator[bytes]) -> Iterator[Any]:
 
 class CommandOutput:
     """A command's stdout as chunks; raises `CommandFailed` with its stderr if it fails. Its
-    stderr goes to a file (never a pipe nobody reads) and is kept in `log` once it ended."""
+    stderr goes to a file (never a pipe nobody reads) and is kept in `log` once it ended. A
+    command that could not reach the server, before it wrote anything, is started again for
+    up to `SETTLE_SECONDS` (the instance's Service may lead nowhere for a few seconds)."""
 
     def __init__(self, argv: list[str], env: dict[str, str] | None = None) -> None:
         self.argv, self.env, self.log = argv, env, ""
 
     def __iter__(self) -> Iterator[bytes]:
-        with tempfile.TemporaryFile() as errors:
-            process = subprocess.Popen(self.argv, stdout=subprocess.PIPE, stderr=errors, env=self.env)
-            assert process.stdout is not None
-            try:
-                while data := process.stdout.read(CHUNK):
-                    yield data
-            finally:
-                process.stdout.close()
-                code = process.wait()
-                errors.seek(0)
-                self.log = errors.read().decode(errors="replace")
-        if code != 0:
-            raise CommandFailed(f"{self.argv[0]} exited with {code}: {self.log.strip()[-1500:]}")
+        deadline = time.monotonic() + SETTLE_SECONDS
+        while True:
+            wrote = False
+            with tempfile.TemporaryFile() as errors:
+                process = subprocess.Popen(self.argv, stdout=subprocess.PIPE, stderr=errors, env=self.env)
+                assert process.stdout is not None
+                try:
+                    while data := process.stdout.read(CHUNK):
+                        wrote = True
+                        yield data
+                finally:
+                    process.stdout.close()
+                    code = process.wait()
+                    errors.seek(0)
+                    self.log = errors.read().decode(errors="replace")
+            if code == 0:
+                return
+            if wrote or not unreachable(self.log) or time.monotonic() > deadline:
+                raise CommandFailed(f"{self.argv[0]} exited with {code}: {self.log.strip()[-1500:]}")
+            time.sleep(1)
 
 
 def run_streaming_in(argv: list[str], chunks: Iterator[bytes], env: dict[str, str] | None = None) -> str:
