@@ -106,7 +106,7 @@ async def run_operator(
         settings.networking.request_timeout = 60
         # A worker task per watched object lingers this long after its last event; at a few
         # thousand objects (resources, rollouts, StatefulSets, pods) that is memory.
-        settings.batching.idle_timeout = 1.0
+        settings.queueing.idle_timeout = 1.0
 
     resyncs = [
         asyncio.create_task(operator.resync_forever(args.namespace)),
