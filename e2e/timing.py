@@ -20,6 +20,11 @@ LOG_DIR = Path(__file__).resolve().parent.parent / ".testbed" / "logs"
 # the budget every change is measured against.
 E2E_BUDGET_SECONDS = 30 * 60
 MAKE_TEST_BUDGET_SECONDS = 35 * 60
+# A fresh machine builds the test bed first (Kubernetes, images: about half an hour).
+FRESH_MAKE_TEST_BUDGET_SECONDS = 60 * 60
+# A build longer than this in the same run means the machine was fresh, not merely a changed image.
+FRESH_BUILD_SECONDS = 10 * 60
+TESTBED_BUILD = LOG_DIR / "testbed-build.json"
 
 # First match wins: what a wait's label says -> the phase it belongs to.
 PHASES: list[tuple[str, re.Pattern[str]]] = [
@@ -151,6 +156,24 @@ def budget_line(label: str, seconds: float, budget: float) -> str:
     return f"{label}: {seconds / 60:.1f} min of a {budget / 60:.0f} min budget ({share:.0%}, {verdict})"
 
 
+def make_test_budget(started: float, build: dict | None) -> tuple[float, str]:
+    """The budget `make test` started at `started` is held to, and why: the fresh-machine one
+    when the test bed was built from source during this run."""
+    if build and build["finished_at"] >= started and build["seconds"] >= FRESH_BUILD_SECONDS:
+        return (
+            FRESH_MAKE_TEST_BUDGET_SECONDS,
+            f"fresh machine: the test bed built in {build['seconds'] / 60:.1f} min",
+        )
+    return MAKE_TEST_BUDGET_SECONDS, "warm machine"
+
+
+def read_testbed_build() -> dict | None:
+    try:
+        return json.loads(TESTBED_BUILD.read_text())
+    except (OSError, ValueError):
+        return None
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description="the e2e time breakdown and the budget")
     parser.add_argument("--tier", default="*", help="controller, e2e, serial (default: all)")
@@ -167,7 +190,8 @@ def main() -> None:
     _, wall = load(paths)
     print(budget_line("e2e wall time", wall, E2E_BUDGET_SECONDS))
     if args.make_test_started:
-        print(budget_line("make test so far", time.time() - args.make_test_started, MAKE_TEST_BUDGET_SECONDS))
+        budget, why = make_test_budget(args.make_test_started, read_testbed_build())
+        print(budget_line(f"make test so far ({why})", time.time() - args.make_test_started, budget))
 
 
 if __name__ == "__main__":
