@@ -10,21 +10,14 @@ is owned by the instance instead, and deleted by the Restore's finalizer.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from typing import Any
 
 from backup.storage import CREDENTIAL_KEYS, S3Spec
-from framework.plugin import LABEL_MANAGED_BY, LABEL_PART_OF, MANAGER
-from framework.reconcile import owner_reference
+from framework.kube.jobs import job_name
+from framework.kube.meta import LABEL_MANAGED_BY, LABEL_PART_OF, MANAGER, owner_reference
 
 JOB_LABEL = "statefleet.dev/backup-job"
 DEFAULT_DEADLINE = 6 * 3600  # seconds
-
-
-def job_name(owner: str, action: str) -> str:
-    """`<owner>-<action>`, within the 63 characters a Job's pods' labels allow."""
-    suffix = f"-{action}"
-    return owner[: 63 - len(suffix)].rstrip("-") + suffix
 
 
 def build_job(
@@ -94,66 +87,3 @@ def build_job(
             },
         },
     }
-
-
-@dataclass(frozen=True)
-class JobState:
-    phase: str  # Running, Succeeded, Failed
-    result: dict[str, Any] | None = None  # the job's own report of success
-    reason: str = ""
-    message: str = ""
-
-
-def termination(pod: dict[str, Any] | None) -> tuple[dict[str, Any] | None, str]:
-    """The job's JSON report from its pod's termination message, and how the container ended."""
-    for status in ((pod or {}).get("status") or {}).get("containerStatuses") or []:
-        terminated = (status.get("state") or {}).get("terminated")
-        if not terminated:
-            continue
-        how = terminated.get("reason") or f"exit code {terminated.get('exitCode')}"
-        text = (terminated.get("message") or "").strip().splitlines()
-        for line in reversed(text):
-            try:
-                report = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(report, dict):
-                return report, how
-        return None, how
-    return None, ""
-
-
-def job_state(job: dict[str, Any], pod: dict[str, Any] | None) -> JobState:
-    """Pure: where a backup Job stands, from the Job and its pod (None when gone or not yet seen)."""
-    job_conditions = {c.get("type"): c for c in (job.get("status") or {}).get("conditions") or []}
-    report, how = termination(pod)
-    if "Complete" in job_conditions or (job.get("status") or {}).get("succeeded"):
-        if report and "result" in report:
-            return JobState("Succeeded", result=report["result"])
-        return JobState("Failed", reason="NoReport", message="the job ended without reporting its result")
-    failed = job_conditions.get("Failed")
-    # A pod that failed counts only once the Job has no retry left for it.
-    out_of_retries = ((job.get("status") or {}).get("failed") or 0) > (
-        (job.get("spec") or {}).get("backoffLimit") or 0
-    )
-    if (failed and failed.get("status") == "True") or out_of_retries:
-        if report and "error" in report:
-            return JobState("Failed", reason=report["error"]["reason"], message=report["error"]["message"])
-        why = (failed or {}).get("reason") or "Failed"
-        if why == "DeadlineExceeded":
-            return JobState("Failed", reason="DeadlineExceeded", message="the job ran past its deadline")
-        detail = f"its container ended: {how}" if how else "its pod was killed or deleted"
-        return JobState("Failed", reason="JobFailed", message=f"the job failed without a report, {detail}")
-    return JobState("Running")
-
-
-def last_progress(log_tail: str) -> dict[str, Any] | None:
-    """The latest progress line a job printed (`{"progress": {...}}`)."""
-    for line in reversed(log_tail.strip().splitlines()):
-        try:
-            report = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(report, dict) and "progress" in report:
-            return report["progress"]
-    return None

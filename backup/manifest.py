@@ -38,7 +38,7 @@ class ManifestObject(BaseModel):
 
 
 class PhysicalPosition(BaseModel):
-    """Where a physical backup sits in its server's history (Postgres: WAL positions)."""
+    """Where a physical backup sits in its server's history (e.g. write-ahead log positions)."""
 
     timeline: int
     start_lsn: str = Field(alias="startLsn")
@@ -52,7 +52,7 @@ class Manifest(BaseModel):
     namespace: str
     backup: str
     uid: str
-    kind: str  # the service's kind, e.g. Postgres
+    kind: str  # the service's kind
     instance: str
     version: str  # the server's version when it was taken, e.g. 17.2
     method: str  # logical or physical

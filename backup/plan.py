@@ -21,14 +21,14 @@ from backup.resources import COMPLETED, FAILED, BackupKind
 from backup.restore import RestoreKind
 from backup.retention import Candidate, RetentionSpec, to_prune
 from backup.schedule import Schedule, ScheduleError
-from framework import conditions
-from framework.api import post_event
 from framework.binding import ServiceRef
-from framework.conditions import Condition
 from framework.inservice import InServiceKind, Outcome, Ref
-from framework.plugin import LABEL_MANAGED_BY, LABEL_PART_OF, MANAGER, ServicePlugin
-from framework.reconcile import API_VERSION, EventNote
-from framework.spec import ApiModel
+from framework.kube import conditions
+from framework.kube.api import EventNote, post_event
+from framework.kube.conditions import Condition
+from framework.kube.meta import API_VERSION, LABEL_MANAGED_BY, LABEL_PART_OF, MANAGER
+from framework.kube.model import ApiModel
+from framework.plugin import ServicePlugin
 
 PLAN_LABEL = "statefleet.dev/backup-plan"
 VERIFY_LABEL = "statefleet.dev/verification"
@@ -54,7 +54,9 @@ class VerifySpec(ApiModel):
     query: str | None = Field(
         default=None, description="Run on the restored copy; its first value must be true or non-zero."
     )
-    database: str = Field(default="postgres", description="Where the query runs.")
+    database: str | None = Field(
+        default=None, description="Where the query runs; empty: the service's default, if it has one."
+    )
 
     @field_validator("schedule")
     @classmethod

@@ -14,23 +14,23 @@ import time
 from typing import Any
 
 from lightkube import AsyncClient, codecs
-from lightkube.core.exceptions import ApiError
 from lightkube.resources.batch_v1 import Job
-from lightkube.resources.core_v1 import Pod, Secret
+from lightkube.resources.core_v1 import Secret
 from lightkube.types import CascadeType
 from pydantic import ConfigDict, Field
 
-from backup.job import DEFAULT_DEADLINE, JobState, build_job, job_name, job_state, last_progress
+from backup.job import DEFAULT_DEADLINE, build_job
 from backup.manifest import location, manifest_key
 from backup.storage import CREDENTIAL_KEYS, S3Spec, StorageError, delete_prefix, explain, s3_client
-from framework import conditions
-from framework.api import get_or_none
 from framework.binding import ServiceRef
 from framework.inservice import InServiceKind, Outcome, Ref
+from framework.kube import conditions
+from framework.kube.api import EventNote, get_or_none
+from framework.kube.jobs import job_name, read_job
+from framework.kube.model import ApiModel
+from framework.kube.secrets import decoded
 from framework.plugin import ServicePlugin
-from framework.reconcile import EventNote
-from framework.secrets import decoded
-from framework.spec import ApiModel, DeletionPolicy
+from framework.spec import DeletionPolicy
 
 IMMUTABLE = {"x-kubernetes-validations": [{"rule": "self == oldSelf", "message": "spec is immutable"}]}
 PENDING, RUNNING, COMPLETED, FAILED = "Pending", "Running", "Completed", "Failed"
@@ -45,7 +45,8 @@ class BackupSpec(ApiModel):
     service: ServiceRef
     storage: str = Field(min_length=1, description="The BackupStorage, in the same namespace.")
     method: str | None = Field(
-        default=None, description="physical or logical for Postgres; the service's first when empty."
+        default=None,
+        description="One of the methods the service offers (e.g. physical, logical); its first when empty.",
     )
     deletion_policy: DeletionPolicy = Field(
         default=DeletionPolicy.RETAIN,
@@ -95,28 +96,6 @@ class BackupStorageKind(InServiceKind):
         columns = super().printer_columns()
         columns[0:0] = [{"name": "Bucket", "type": "string", "jsonPath": ".spec.s3.bucket"}]
         return columns
-
-
-async def read_job(
-    client: AsyncClient, namespace: str, name: str
-) -> tuple[dict[str, Any] | None, JobState, Any]:
-    """The Job, where it stands, and its latest progress line."""
-    job = await get_or_none(client, Job, name, namespace)
-    if job is None:
-        return None, JobState(RUNNING), None
-    pods = [p.to_dict() async for p in client.list(Pod, namespace=namespace, labels={"job-name": name})]
-    pod = max(pods, key=lambda p: p["metadata"].get("creationTimestamp") or "", default=None)
-    state = job_state(job, pod)
-    progress = None
-    if state.phase == RUNNING and pod and (pod.get("status") or {}).get("phase") == "Running":
-        try:
-            lines = [
-                line async for line in client.log(pod["metadata"]["name"], namespace=namespace, tail_lines=5)
-            ]
-            progress = last_progress("".join(lines))
-        except ApiError:
-            pass  # the log is not there yet
-    return job, state, progress
 
 
 def seconds_between(start: str | None, end: str | None) -> float | None:
@@ -417,15 +396,3 @@ class BackupKind(JobKind):
             {"name": "Reason", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Ready")].reason'},
             {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
         ]
-
-
-def backup_kinds(plugins: list[ServicePlugin], job_image: str) -> list[InServiceKind]:
-    from backup.plan import BackupPlanKind  # they build on the kinds above
-    from backup.restore import RestoreKind
-
-    return [
-        BackupStorageKind(),
-        BackupKind(plugins, job_image),
-        BackupPlanKind(plugins),
-        RestoreKind(plugins, job_image),
-    ]

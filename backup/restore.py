@@ -1,6 +1,6 @@
 """`Restore`: a backup into a new instance (created from the spec the backup recorded), or over
 an existing one (`target.replace`). A logical backup is restored online by a Job, the instance's
-databases kept aside until the restore and its check succeeded (`backup.drivers` replace); a
+databases kept aside until the restore and its check succeeded (the driver's `restore` with `replace`); a
 physical one in place, through the instance's plugin (`backup.in_place`), after a Job verified
 every object. Its state lives in `status`, so a restarted operator goes on where it stopped.
 """
@@ -21,7 +21,7 @@ from lightkube.types import CascadeType, PatchType
 from pydantic import ConfigDict, Field
 
 from backup import in_place
-from backup.job import DEFAULT_DEADLINE, job_name, termination
+from backup.job import DEFAULT_DEADLINE
 from backup.resources import (
     COMPLETED,
     FAILED,
@@ -33,17 +33,17 @@ from backup.resources import (
     BackupSpec,
     JobKind,
     now_iso,
-    read_job,
     ready_condition,
     storage_client,
 )
 from backup.storage import CREDENTIAL_KEYS, S3Spec, StorageError
-from framework.api import get_or_none
 from framework.inservice import Outcome, Ref
-from framework.plugin import LABEL_INSTANCE, LABEL_NAME, ServicePlugin
-from framework.reconcile import API_VERSION, EventNote, owner_reference
-from framework.secrets import decoded
-from framework.spec import ApiModel
+from framework.kube.api import EventNote, get_or_none
+from framework.kube.jobs import job_name, read_job, termination
+from framework.kube.meta import API_VERSION, LABEL_INSTANCE, LABEL_NAME, owner_reference
+from framework.kube.model import ApiModel
+from framework.kube.secrets import decoded
+from framework.plugin import ServicePlugin
 
 RESTORED_BY = "statefleet.dev/restored-by"  # annotation on an instance a Restore created
 # <instance>-bootstrap: the Secret a new instance's pods read a physical backup with (the
@@ -75,7 +75,9 @@ class RestoreCheck(ApiModel):
     query: str | None = Field(
         default=None, description="Run once restored; its first value must be true or non-zero."
     )
-    database: str = Field(default="postgres", description="Where the query runs.")
+    database: str | None = Field(
+        default=None, description="Where the query runs; empty: the service's default, if it has one."
+    )
 
 
 class RestoreSpec(ApiModel):

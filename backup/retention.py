@@ -10,7 +10,7 @@ from datetime import datetime
 
 from pydantic import Field
 
-from framework.spec import ApiModel
+from framework.kube.model import ApiModel
 
 FAILED_KEPT = 3  # the latest failures stay, to read why
 

@@ -29,7 +29,7 @@ from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from backup import drivers
+from backup.driver import Source, load_driver
 from backup.manifest import Manifest, ManifestObject, Piece, manifest_key
 from backup.storage import (
     ChecksumMismatch,
@@ -118,7 +118,7 @@ class S3Sink:
 
 def take_backup(request: dict[str, Any], client: Any, spec: S3Spec) -> dict[str, Any]:
     started = now_iso()
-    driver = drivers.load(request["driver"])
+    driver = load_driver(request["driver"])
     progress = Progress()
     sink = S3Sink(client, spec, request["location"], progress)
     taken = driver.backup(request["method"], sink)
@@ -187,7 +187,7 @@ def checked_chunks(client: Any, spec: S3Spec, entry: ManifestObject, progress: P
 def restore(request: dict[str, Any], client: Any, spec: S3Spec) -> dict[str, Any]:
     manifest = read_manifest(client, spec, request["location"])
     source = verified_source(client, spec, manifest)  # before anything is applied
-    driver = drivers.load(request["driver"])
+    driver = load_driver(request["driver"])
     replace = request.get("replace")
     try:
         details = driver.restore(manifest, source, replace)
@@ -211,7 +211,7 @@ def restore(request: dict[str, Any], client: Any, spec: S3Spec) -> dict[str, Any
 def roll_back(request: dict[str, Any], client: Any, spec: S3Spec) -> dict[str, Any]:
     """After a replacing restore's Job failed, perhaps without putting things back (killed):
     from what the instance recorded, not from the storage."""
-    details = drivers.load(request["driver"]).roll_back(request["replace"])
+    details = load_driver(request["driver"]).roll_back(request["replace"])
     return {"bytes": 0, "objects": 0, "details": details}
 
 
@@ -219,7 +219,7 @@ def check(request: dict[str, Any], client: Any, spec: S3Spec) -> dict[str, Any]:
     """An instance that started from a physical backup: is it that backup, does it read well."""
     manifest = read_manifest(client, spec, request["location"])
     wanted = request.get("check") or {}
-    driver = drivers.load(request["driver"])
+    driver = load_driver(request["driver"])
     details = {"check": driver.check(manifest, wanted.get("query"), wanted.get("database"))}
     if request.get("replace"):  # restored in place: what was kept aside goes once checked
         details.update(driver.commit_in_place(request["replace"]))
@@ -235,14 +235,14 @@ def verify_objects(client: Any, spec: S3Spec, manifest: Manifest) -> None:
         say("progress", {"verified": entry.name})
 
 
-def streamed_source(client: Any, spec: S3Spec, manifest: Manifest) -> drivers.Source:
+def streamed_source(client: Any, spec: S3Spec, manifest: Manifest) -> Source:
     """The backup's objects' bytes, each checked against the manifest as it streams."""
     objects = {o.name: o for o in manifest.objects}
     progress = Progress()
     return lambda name: checked_chunks(client, spec, objects[name], progress)
 
 
-def verified_source(client: Any, spec: S3Spec, manifest: Manifest) -> drivers.Source:
+def verified_source(client: Any, spec: S3Spec, manifest: Manifest) -> Source:
     """The backup's objects' bytes (checked again as they stream), once every object the
     manifest lists was read and matched its sha256."""
     verify_objects(client, spec, manifest)
@@ -259,11 +259,11 @@ def verify_backup(request: dict[str, Any], client: Any, spec: S3Spec) -> dict[st
 
 def bootstrap(request: dict[str, Any], client: Any, spec: S3Spec) -> dict[str, Any]:
     """In a new instance's first pod (an init container): a physical backup becomes its data."""
-    driver = drivers.load(request["driver"])
+    driver = load_driver(request["driver"])
     token = os.environ.get("RESTORE_TOKEN")
     if token:  # a physical backup restored over a running instance (`backup.in_place`)
 
-        def fetch() -> tuple[Manifest, drivers.Source]:
+        def fetch() -> tuple[Manifest, Source]:
             if request.get("replace") != token:
                 raise StorageError(
                     "RequestMismatch",

@@ -22,7 +22,7 @@ from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError, EndpointConnectionError
 from pydantic import Field
 
-from framework.spec import ApiModel
+from framework.kube.model import ApiModel
 
 BUCKET_PATTERN = r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$"
 MiB = 1024 * 1024

@@ -17,7 +17,7 @@ import urllib.request
 from pathlib import Path
 
 from e2e.kube import REPO, kubeconfig_path, operator_image, wait_until
-from framework import cli
+from statefleet import cli
 
 LIVENESS_PORT = 18080
 METRICS_PORT = 19090
@@ -65,7 +65,7 @@ class OperatorProcess:
                 [
                     sys.executable,
                     "-m",
-                    "framework",
+                    "statefleet",
                     "operator",
                     "--install-crds",
                     "--catalog",

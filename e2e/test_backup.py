@@ -26,7 +26,6 @@ from lightkube.resources.batch_v1 import Job
 from lightkube.resources.core_v1 import Event, Pod, Secret, Service
 from lightkube.types import CascadeType, PatchType
 
-from backup.drivers import postgres_replace
 from backup.plan import BackupPlanKind
 from backup.resources import BackupKind, BackupStorageKind
 from backup.restore import RestoreKind
@@ -44,6 +43,7 @@ from e2e.node import kill_command
 from e2e.operator_process import OperatorProcess
 from e2e.s3 import s3_api, s3_settings
 from e2e.test_postgres import Postgres, create, wait_ready
+from services.postgres import backup_replace
 
 pytestmark = pytest.mark.e2e
 
@@ -925,9 +925,9 @@ def instance_env(kube: Client, namespace: str, monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setenv("PGUSER", base64.b64decode(data["username"]).decode())
     monkeypatch.setenv("PGPASSWORD", base64.b64decode(data["password"]).decode())
     yield
-    if postgres_replace._lock is not None:
-        postgres_replace._lock.close()
-        postgres_replace._lock = None
+    if backup_replace._lock is not None:
+        backup_replace._lock.close()
+        backup_replace._lock = None
 
 
 def test_a_replacing_restore_is_undone_from_wherever_it_stopped(
@@ -935,7 +935,7 @@ def test_a_replacing_restore_is_undone_from_wherever_it_stopped(
 ) -> None:
     """The driver's rollback, run (twice) after a Job killed at each step, against a real
     server: the instance's own databases come back whole, open, under their names."""
-    replace = postgres_replace
+    replace = backup_replace
 
     def run(statement: str, database: str = "postgres") -> Any:
         return sql(kube, namespace, "demo", statement, database)

@@ -1,7 +1,7 @@
 """`ServiceBinding`: an application's own credentials for any service, in a Secret laid out as
 servicebinding.io expects (https://servicebinding.io/spec/core/1.1.0/).
 
-Two levels: the binding creates the service's user resource (a `PostgresUser`), whose own
+Two levels: the binding creates the service's user resource (e.g. `<Kind>User`), whose own
 controller makes the user inside the service; once that user is ready, the binding writes the
 Secret from the plugin's `binding_data`. Both are owned by the binding, so deleting it removes
 them, and the user resource's finalizer removes the user from the service. The binding's
@@ -19,20 +19,20 @@ from lightkube.core.exceptions import ApiError
 from lightkube.resources.core_v1 import Secret
 from pydantic import Field
 
-from framework import conditions
-from framework.api import get_or_none
 from framework.inservice import InServiceKind, Outcome, Ref
-from framework.plugin import LABEL_MANAGED_BY, LABEL_PART_OF, MANAGER, TLS_SERVER, ServicePlugin
-from framework.reconcile import API_VERSION, owner_reference
-from framework.secrets import decoded
-from framework.spec import ApiModel
+from framework.kube import conditions
+from framework.kube.api import get_or_none
+from framework.kube.meta import API_VERSION, LABEL_MANAGED_BY, LABEL_PART_OF, MANAGER, owner_reference
+from framework.kube.model import ApiModel
+from framework.kube.secrets import decoded
+from framework.plugin import TLS_SERVER, ServicePlugin
 
 BINDING_LABEL = "statefleet.dev/binding"
 NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 
 
 class ServiceRef(ApiModel):
-    kind: str = Field(min_length=1, description="The service's kind, e.g. Postgres.")
+    kind: str = Field(min_length=1, description="The kind of the service instance to bind to.")
     name: str = Field(min_length=1, description="The instance, in the binding's namespace.")
 
 

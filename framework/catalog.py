@@ -1,20 +1,17 @@
 """The version catalog: which versions of each service a platform team offers.
 
-Cluster-wide, from the Helm values (a YAML file the operator reads at start):
+Cluster-wide, from the Helm values (a YAML file the operator reads at start), by service:
 
-    postgres:
-      default: "17"
+    <service>:
+      default: "2"
       versions:
-        "15": {image: localhost/statefleet/postgres:15}
-        "17": {image: localhost/statefleet/postgres:17}
-        "13": {image: example/postgres:13, state: disabled}
-    mongodb:
-      default: "7"
-      versions:
-        "7": {image: localhost/statefleet/ferretdb:1.24, flavor: ferretdb}
+        "1": {image: example/server:1, state: deprecated}
+        "2": {image: example/server:2}
+        "0": {image: example/server:0, state: disabled}
+        "2-compatible": {image: example/other-server:5, flavor: other}
 
-`flavor` names the server behind an image when a service can be served by more than one
-(MongoDB by mongod, or by FerretDB, which speaks its protocol); the plugin says which it knows.
+`flavor` names the server behind an image when a service can be served by more than one (a
+server that speaks another's protocol); the plugin says which flavors it knows.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Objects that live inside a service instance (a Postgres role, a RabbitMQ vhost) and the
+"""Objects that live inside a service instance (a user, a database, a virtual host) and the
 bindings that hand them to applications: one controller for all of their kinds.
 
 Kubernetes and a service share no transactions, so every pass is idempotent and the
@@ -27,20 +27,14 @@ from lightkube.resources.core_v1 import Secret
 from lightkube.types import PatchType
 from pydantic import BaseModel, ValidationError
 
-from framework import conditions, crd
-from framework.api import about, get_or_none, post_event
-from framework.conditions import Condition
-from framework.crd import GROUP, VERSION
-from framework.plugin import LABEL_MANAGED_BY, LABEL_PART_OF, MANAGER
-from framework.queue import WorkQueue
-from framework.reconcile import (
-    EventNote,
-    describe_validation_error,
-    owner_reference,
-    status_changed,
-    status_patch,
-)
-from framework.secrets import decoded
+from framework.kube import conditions, crd
+from framework.kube.api import EventNote, about, get_or_none, post_event
+from framework.kube.conditions import Condition
+from framework.kube.meta import GROUP, LABEL_MANAGED_BY, LABEL_PART_OF, MANAGER, VERSION, owner_reference
+from framework.kube.model import describe_validation_error
+from framework.kube.queue import WorkQueue
+from framework.kube.secrets import decoded
+from framework.kube.status import status_changed, status_patch
 
 log = logging.getLogger("statefleet")
 

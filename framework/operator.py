@@ -24,25 +24,15 @@ from lightkube.resources.core_v1 import ConfigMap, Pod, Secret, Service
 from lightkube.resources.policy_v1 import PodDisruptionBudget
 from lightkube.types import PatchType
 
-from framework import metrics
-from framework.api import about, get_or_none, not_found, post_event
 from framework.catalog import Catalog
 from framework.certificates import CERT_MANAGER, choose_tls_provider
-from framework.crd import GROUP, VERSION
-from framework.plugin import (
-    LABEL_INSTANCE,
-    LABEL_MANAGED_BY,
-    LABEL_NAME,
-    MANAGER,
-    TLS_CA,
-    TLS_SERVER,
-    EventNote,
-    Inspection,
-    Observed,
-    ServicePlugin,
-)
-from framework.queue import WorkQueue
-from framework.reconcile import Plan, plan, status_changed, status_patch
+from framework.kube import metrics
+from framework.kube.api import EventNote, about, get_or_none, not_found, post_event
+from framework.kube.meta import GROUP, LABEL_INSTANCE, LABEL_MANAGED_BY, LABEL_NAME, MANAGER, VERSION
+from framework.kube.queue import WorkQueue
+from framework.kube.status import status_changed, status_patch
+from framework.plugin import TLS_CA, TLS_SERVER, Inspection, Observed, ServicePlugin
+from framework.reconcile import Plan, plan
 from framework.rollout.controller import Rollout, RolloutController
 
 log = logging.getLogger("statefleet")

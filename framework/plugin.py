@@ -18,15 +18,18 @@ from lightkube import AsyncClient
 from lightkube.generic_resource import create_namespaced_resource
 from pydantic import BaseModel
 
-from framework import conditions, crd
 from framework.catalog import ResolvedVersion
-
-LABEL_NAME = "app.kubernetes.io/name"
-LABEL_INSTANCE = "app.kubernetes.io/instance"
-LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
-LABEL_PART_OF = "app.kubernetes.io/part-of"
-MANAGER = "statefleet"
-
+from framework.kube import conditions, crd
+from framework.kube.api import EventNote
+from framework.kube.meta import (
+    GROUP,
+    LABEL_INSTANCE,
+    LABEL_MANAGED_BY,
+    LABEL_NAME,
+    LABEL_PART_OF,
+    MANAGER,
+    VERSION,
+)
 
 TLS_CA, TLS_SERVER = "ca", "tls"  # suffixes of the Secrets of an instance's TLS
 
@@ -36,7 +39,7 @@ class GeneratedSecret:
     """A Secret the framework creates once and never regenerates (credentials)."""
 
     suffix: str  # the Secret is named <resource>-<suffix>
-    fixed: dict[str, str] = field(default_factory=dict)  # e.g. {"username": "postgres"}
+    fixed: dict[str, str] = field(default_factory=dict)  # e.g. {"username": "admin"}
     random: tuple[str, ...] = ()  # keys that get a fresh random value, once
     length: int = 32
 
@@ -58,13 +61,6 @@ class Inspection:
     at: float  # the event loop's clock
     facts: Any  # the plugin's own reading
     answered: bool  # at least one server answered (the framework backs off when none does)
-
-
-@dataclass(frozen=True)
-class EventNote:
-    type: str  # Normal or Warning
-    reason: str
-    message: str
 
 
 @dataclass
@@ -130,7 +126,7 @@ class ServicePlugin:
         ca.crt) for it, renewed before they expire (`framework.certificates`)."""
         return []
 
-    # Bindings: the kind of the user resource a ServiceBinding creates (e.g. PostgresUser),
+    # Bindings: the kind of the user resource a ServiceBinding creates (e.g. `<Kind>User`),
     # None when the service takes no bindings.
     user_kind: ClassVar[str | None] = None
 
@@ -152,18 +148,19 @@ class ServicePlugin:
         TLS). Pure."""
         raise NotImplementedError(f"{self.kind} takes no bindings")
 
-    # Backups: the module of the driver the backup Jobs run (`backup.drivers`), None when the
+    # Backups: the module of the driver the backup Jobs run (`backup.driver.Driver`, exposed as
+    # `DRIVER`, in the service's own folder), None when the
     # service has none; its methods, the default first.
     backup_driver: ClassVar[str | None] = None
     backup_methods: ClassVar[tuple[str, ...]] = ()
     # Methods whose backup becomes a new instance's data before its server starts (an init
-    # container runs the driver's `bootstrap`; Postgres: physical). Any other method is restored
+    # container runs the driver's `bootstrap`, e.g. physical). Any other method is restored
     # by a Job into the running instance.
     bootstrap_methods: ClassVar[tuple[str, ...]] = ()
     # The spec fields of the smallest instance (a BackupPlan's restore tests make throwaways).
     throwaway_spec: ClassVar[dict[str, Any]] = {}
     # Methods a Restore may restore over an existing instance by a Job (`target.replace`: the
-    # driver's `restore` with a token, `roll_back` and `commit`; Postgres: logical).
+    # driver's `restore` with a token, `roll_back` and `commit`, e.g. logical).
     replaces_online: ClassVar[tuple[str, ...]] = ()
     # A physical backup restored over a running instance (`backup.in_place`): the plugin
     # stops the instance, takes the backup in an init container and answers in status.
@@ -238,7 +235,7 @@ class ServicePlugin:
     @classmethod
     def resource(cls) -> Any:
         """The lightkube class of the service's resource (and `.Status` of its status)."""
-        return create_namespaced_resource(crd.GROUP, crd.VERSION, cls.kind, cls.plural)
+        return create_namespaced_resource(GROUP, VERSION, cls.kind, cls.plural)
 
     def crd(self) -> dict[str, Any]:
         status = {

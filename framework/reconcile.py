@@ -18,7 +18,6 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from framework import conditions
 from framework.catalog import Catalog, ResolvedVersion, VersionRefused, resolve
 from framework.certificates import (
     CERT_MANAGER,
@@ -28,13 +27,16 @@ from framework.certificates import (
     plan_tls,
     read_issued,
 )
-from framework.conditions import Condition
-from framework.plugin import TLS_CA, TLS_SERVER, EventNote, Observed, Operations, ServicePlugin, ServiceStatus
-from framework.pods import has_run
+from framework.kube import conditions
+from framework.kube.api import EventNote
+from framework.kube.conditions import Condition
+from framework.kube.meta import decorate, owner_reference
+from framework.kube.model import describe_validation_error
+from framework.kube.pods import has_run
+from framework.kube.secrets import decoded
+from framework.kube.status import without_kopf
+from framework.plugin import TLS_CA, TLS_SERVER, Observed, Operations, ServicePlugin, ServiceStatus
 from framework.render import render_children
-from framework.secrets import decoded
-
-API_VERSION = "statefleet.dev/v1alpha1"
 
 
 @dataclass
@@ -47,38 +49,6 @@ class Plan:
     apply: bool = True  # False: leave the children exactly as they are (pods are still labelled)
     operations: Operations = field(default_factory=Operations)  # inside the service: labels, actions
     tls_resources: list[dict[str, Any]] = field(default_factory=list)  # cert-manager's objects
-
-
-def describe_validation_error(error: ValidationError) -> str:
-    """One line per problem, each naming the field as the user wrote it (spec.storage.size)."""
-    parts = []
-    for problem in error.errors():
-        location = ".".join(str(p) for p in ("spec", *problem["loc"]))
-        parts.append(f"{location}: {problem['msg']}")
-    return "; ".join(parts)
-
-
-def owner_reference(kind: str, body: dict[str, Any]) -> dict[str, Any]:
-    """The reference that makes `body` (one of our resources, of `kind`) a child's controller."""
-    return {
-        "apiVersion": API_VERSION,
-        "kind": kind,
-        "name": body["metadata"]["name"],
-        "uid": body["metadata"]["uid"],
-        "controller": True,
-        "blockOwnerDeletion": True,
-    }
-
-
-def decorate(
-    child: dict[str, Any], labels: dict[str, str], owner: dict[str, Any], namespace: str
-) -> dict[str, Any]:
-    """The child as applied: in the resource's namespace, labelled, owned by the resource."""
-    metadata = child.setdefault("metadata", {})
-    metadata["namespace"] = namespace
-    metadata["labels"] = {**labels, **metadata.get("labels", {})}
-    metadata["ownerReferences"] = [owner]
-    return child
 
 
 def _invalid(observed: Observed, reason: str, message: str, operations: Operations | None = None) -> Plan:
@@ -101,12 +71,8 @@ def _invalid(observed: Observed, reason: str, message: str, operations: Operatio
     if not previous or previous.get("reason") != reason or previous.get("message") != message:
         events.append(EventNote("Warning", reason, message))
     return Plan(
-        status=_without_kopf(status), events=events + operations.events, apply=False, operations=operations
+        status=without_kopf(status), events=events + operations.events, apply=False, operations=operations
     )
-
-
-def _without_kopf(status: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in status.items() if k != "kopf"}
 
 
 def children_hash(children: list[dict[str, Any]]) -> str:
@@ -347,7 +313,7 @@ def _status(observed: Observed, version: ResolvedVersion, reading: ServiceStatus
         ),
     ]
     status = {
-        **_without_kopf(observed.status),
+        **without_kopf(observed.status),
         "observedGeneration": observed.generation,
         "instances": f"{reading.ready_instances}/{reading.instances}",
         "readyInstances": reading.ready_instances,
@@ -378,23 +344,3 @@ def _transition_events(
             )
         )
     return events
-
-
-def status_changed(current: dict[str, Any], desired: dict[str, Any]) -> bool:
-    return _without_kopf(current) != _without_kopf(desired)
-
-
-def status_patch(current: dict[str, Any], desired: dict[str, Any]) -> dict[str, Any]:
-    """A merge patch from `current` to `desired`: fields no longer wanted are set to null, in
-    nested objects too (a merge patch would keep them)."""
-    return {"status": _merge_patch(_without_kopf(current), _without_kopf(desired))}
-
-
-def _merge_patch(current: dict[str, Any], desired: dict[str, Any]) -> dict[str, Any]:
-    patch: dict[str, Any] = {k: None for k in current if k not in desired}
-    for key, value in desired.items():
-        before = current.get(key)
-        patch[key] = (
-            _merge_patch(before, value) if isinstance(value, dict) and isinstance(before, dict) else value
-        )
-    return patch

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from framework.kube.quantity import parse_quantity
 from framework.plugin import Observed
-from framework.quantity import parse_quantity
 from framework.spec import StorageSpec
 
 

@@ -35,12 +35,12 @@ from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.batch_v1 import Job
 from lightkube.resources.core_v1 import Namespace, Pod
 
-from backup.job import termination
 from e2e.kube import client, delete_namespace, operator_image, wait_until
 from e2e.operator_process import OperatorProcess
 from e2e.s3 import s3_api, s3_settings
 from e2e.test_backup import Backup, Restore, apply, sql, storage, wait_phase
 from e2e.test_postgres import create, wait_ready
+from framework.kube.jobs import termination
 
 MiB = 1024 * 1024
 UPLOAD = (

@@ -26,14 +26,15 @@ from lightkube.types import PatchType
 from e2e.kube import client, delete_namespace, kubeconfig_path
 from e2e.manifests import ON_KWOK
 from e2e.operator_process import OperatorProcess
-from framework.api import bounded
 from framework.catalog import Catalog
-from framework.cli import DEFAULT_CATALOG
-from framework.plugin import MANAGER, Observed
+from framework.kube.api import bounded
+from framework.kube.meta import MANAGER
+from framework.plugin import Observed
 from framework.reconcile import plan
 from framework.rollout.controller import Rollout
 from framework.rollout.plan import RolloutObserved, plan_rollout
 from services.postgres import PLUGIN
+from statefleet.cli import DEFAULT_CATALOG
 
 Postgres = PLUGIN.resource()
 CONCURRENCY = 32  # the same for both sides: what a `kubectl apply` of many files would do, in parallel

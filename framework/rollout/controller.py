@@ -25,12 +25,11 @@ from lightkube.resources.core_v1 import Pod, Secret
 from lightkube.resources.policy_v1 import PodDisruptionBudget
 from lightkube.types import PatchType
 
-from framework import metrics
-from framework.api import about, bounded, get_or_none, post_event
-from framework.crd import GROUP, VERSION
-from framework.plugin import MANAGER
-from framework.queue import WorkQueue
-from framework.reconcile import status_changed, status_patch
+from framework.kube import metrics
+from framework.kube.api import about, bounded, get_or_none, post_event
+from framework.kube.meta import GROUP, MANAGER, VERSION
+from framework.kube.queue import WorkQueue
+from framework.kube.status import status_changed, status_patch
 from framework.rollout import analysis, hooks, notify
 from framework.rollout.plan import (
     HOOKED_ANNOTATION,

@@ -1,8 +1,8 @@
 """Rollout hooks: calls before a pod is released for its update and after it is back.
 
 HTTP hooks reach anything with an endpoint (Consul's maintenance mode, a load balancer's
-drain API); in-process hooks are Python functions a service plugin registers by name (the
-Postgres plugin checkpoints before its primary goes down). A hook that fails keeps its pod
+drain API); in-process hooks are Python functions a service plugin registers by name (a database
+plugin checkpoints before its primary goes down). A hook that fails keeps its pod
 where it is: the rollout tries again on its next pass.
 """
 
@@ -40,7 +40,7 @@ REGISTRY: dict[str, InProcess] = {}
 
 
 def register(name: str) -> Callable[[InProcess], InProcess]:
-    """For service plugins: `@register("postgres-checkpoint") async def ...(call): ...`."""
+    """For service plugins: `@register("<service>-checkpoint") async def ...(call): ...`."""
 
     def add(function: InProcess) -> InProcess:
         REGISTRY[name] = function

@@ -16,7 +16,7 @@ from typing import Any
 
 import httpx2
 
-from framework.reconcile import EventNote
+from framework.kube.api import EventNote
 
 log = logging.getLogger("statefleet")
 

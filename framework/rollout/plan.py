@@ -24,10 +24,11 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from framework import conditions
-from framework.conditions import Condition
-from framework.plugin import LABEL_MANAGED_BY, MANAGER
-from framework.reconcile import API_VERSION, EventNote, describe_validation_error
+from framework.kube import conditions
+from framework.kube.api import EventNote
+from framework.kube.conditions import Condition
+from framework.kube.meta import API_VERSION, LABEL_MANAGED_BY, MANAGER
+from framework.kube.model import describe_validation_error
 from framework.rollout import analysis
 from framework.rollout.spec import KIND, OnFailure, RolloutSpec, Step, parse_duration
 

@@ -9,9 +9,9 @@ from typing import Annotated, Any
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
-from framework import conditions
-from framework.crd import build_crd
-from framework.spec import ApiModel
+from framework.kube import conditions
+from framework.kube.crd import build_crd
+from framework.kube.model import ApiModel
 
 KIND = "StatefulsetRollout"
 PLURAL = "statefulsetrollouts"
@@ -149,7 +149,7 @@ class HttpHook(ApiModel):
 
 class InProcessHook(ApiModel):
     name: str = Field(
-        min_length=1, description="a hook a service plugin registered, e.g. postgres-checkpoint"
+        min_length=1, description="a hook a service plugin registered, e.g. <service>-checkpoint"
     )
 
 

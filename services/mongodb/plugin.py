@@ -19,16 +19,9 @@ from lightkube import AsyncClient
 from pymongo.errors import AutoReconnect, PyMongoError
 
 from framework.catalog import ResolvedVersion
-from framework.plugin import (
-    EventNote,
-    GeneratedSecret,
-    Inspection,
-    Observed,
-    Operations,
-    ServicePlugin,
-    ServiceStatus,
-)
-from framework.pods import incarnation, pod_ip, pod_ready
+from framework.kube.api import EventNote
+from framework.kube.pods import incarnation, pod_ip, pod_ready
+from framework.plugin import GeneratedSecret, Inspection, Observed, Operations, ServicePlugin, ServiceStatus
 from framework.volumes import claim_context, refuse_storage_change
 from services.mongodb.replicaset import (
     Hello,
@@ -108,7 +101,7 @@ class MongoDBPlugin(ServicePlugin):
     generated_secrets = (ROOT, KEYFILE)
     child_kinds = ("Service", "PodDisruptionBudget", "StatefulsetRollout")
     user_kind = "MongoDBUser"
-    backup_driver = "backup.drivers.mongodb"
+    backup_driver = "services.mongodb.backup_driver"
     backup_methods = ("dump",)
     throwaway_spec: ClassVar[dict[str, Any]] = {"members": 1}
 

@@ -13,7 +13,7 @@ from lightkube import AsyncClient
 from pymongo import AsyncMongoClient
 from pymongo.errors import OperationFailure, PyMongoError
 
-from framework.secrets import Credentials
+from framework.kube.secrets import Credentials
 from services.mongodb.replicaset import PORT, Hello, parse_hello
 
 PROBE_TIMEOUT_MS = 3000

@@ -4,14 +4,8 @@ from __future__ import annotations
 
 from pydantic import Field, field_validator, model_validator
 
-from framework.spec import (
-    ApiModel,
-    BootstrapSpec,
-    DeletionPolicy,
-    PodTemplateOverrides,
-    ResourcesSpec,
-    StorageSpec,
-)
+from framework.kube.model import ApiModel
+from framework.spec import BootstrapSpec, DeletionPolicy, PodTemplateOverrides, ResourcesSpec, StorageSpec
 
 MAX_MEMBERS = 7  # MongoDB allows at most 7 voting members
 EVEN = "an even number of members cannot keep a majority when half are lost: use 1, 3, 5 or 7"

@@ -18,7 +18,7 @@ from typing import Any
 import psycopg
 from lightkube.types import PatchType
 
-from framework.api import about
+from framework.kube.api import about
 from framework.rollout.hooks import HookCall, register
 from framework.rollout.plan import PodView
 from services.postgres.plugin import SERVERS, PostgresPlugin

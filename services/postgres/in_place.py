@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from backup import in_place
-from backup.job import termination
-from framework.plugin import EventNote
+from framework.kube.api import EventNote
+from framework.kube.jobs import termination
 
 INIT_CONTAINER = "restore"
 

@@ -18,9 +18,9 @@ from lightkube.resources.discovery_v1 import EndpointSlice
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+from framework.kube.pods import incarnation
+from framework.kube.secrets import SecretValues
 from framework.plugin import Observed
-from framework.pods import incarnation
-from framework.secrets import SecretValues
 from services.postgres.primary import Facts, Member, parse_lsn
 
 log = logging.getLogger("statefleet")

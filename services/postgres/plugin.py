@@ -16,16 +16,9 @@ from lightkube.resources.core_v1 import Pod
 from backup import in_place
 from framework.catalog import ResolvedVersion
 from framework.certificates import service_hosts
-from framework.plugin import (
-    EventNote,
-    GeneratedSecret,
-    Inspection,
-    Observed,
-    Operations,
-    ServicePlugin,
-    ServiceStatus,
-)
-from framework.pods import incarnation, pod_ip, pod_ready
+from framework.kube.api import EventNote
+from framework.kube.pods import incarnation, pod_ip, pod_ready
+from framework.plugin import GeneratedSecret, Inspection, Observed, Operations, ServicePlugin, ServiceStatus
 from framework.volumes import claim_context, refuse_storage_change
 from services.postgres import commands as postgres_commands
 from services.postgres.in_place import POD_ANNOTATION, InPlaceStep, plan_in_place, pod_annotation
@@ -120,7 +113,7 @@ class PostgresPlugin(ServicePlugin):
     # The StatefulSet is left to a StatefulsetRollout: replicas first, the primary last.
     child_kinds = ("ConfigMap", "Service", "PodDisruptionBudget", "StatefulsetRollout")
     user_kind = "PostgresUser"
-    backup_driver = "backup.drivers.postgres"
+    backup_driver = "services.postgres.backup_driver"
     backup_methods = ("physical", "logical")
     bootstrap_methods = ("physical",)
     throwaway_spec: ClassVar[dict[str, Any]] = {"instances": 1}

@@ -4,14 +4,8 @@ from __future__ import annotations
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
-from framework.spec import (
-    ApiModel,
-    BootstrapSpec,
-    DeletionPolicy,
-    PodTemplateOverrides,
-    ResourcesSpec,
-    StorageSpec,
-)
+from framework.kube.model import ApiModel
+from framework.spec import BootstrapSpec, DeletionPolicy, PodTemplateOverrides, ResourcesSpec, StorageSpec
 
 # Set by the operator: a user's value would break replication, probes or the Services.
 MANAGED_PARAMETERS = frozenset(

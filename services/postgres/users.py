@@ -25,11 +25,11 @@ from lightkube.resources.core_v1 import Pod
 from psycopg import AsyncConnection, sql
 from pydantic import ConfigDict, Field
 
-from backup.drivers import postgres_replace
-from framework.api import get_or_none
 from framework.inservice import InServiceKind, Outcome, Ref, user_password
-from framework.reconcile import EventNote
-from framework.spec import ApiModel, DeletionPolicy, immutable
+from framework.kube.api import EventNote, get_or_none
+from framework.kube.model import ApiModel, immutable
+from framework.spec import DeletionPolicy
+from services.postgres import backup_replace
 from services.postgres.instances import Servers
 
 ROLE_PATTERN = re.compile(r"^[a-z_][a-z0-9_-]{0,62}$")
@@ -369,9 +369,9 @@ class PostgresUserKind(InServiceKind):
             if planned.database_statements:
                 # A replacing restore may have this database aside: making another would make
                 # the restore fail (and roll back). It is made, if still missing, once it ends.
-                row = await (await connection.execute(postgres_replace.STATE_QUERY)).fetchone()
-                restore = postgres_replace.parse_state(row[0] if row else None)
-                if postgres_replace.under_way(restore):
+                row = await (await connection.execute(backup_replace.STATE_QUERY)).fetchone()
+                restore = backup_replace.parse_state(row[0] if row else None)
+                if backup_replace.under_way(restore):
                     assert restore is not None
                     return Outcome(
                         False,

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
 
-from framework.reconcile import EventNote
+from framework.kube.api import EventNote
 
 ALL = ".*"
 # User tags that mean something to RabbitMQ (the management UI and API's permissions).

@@ -13,7 +13,7 @@ from lightkube import AsyncClient
 from lightkube.core.exceptions import ApiError
 from lightkube.resources.core_v1 import Service
 
-from framework.secrets import Credentials
+from framework.kube.secrets import Credentials
 from services.rabbitmq.cluster import NodeAnswer, parse_nodes
 
 MANAGEMENT_PORT = 15672

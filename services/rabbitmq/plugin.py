@@ -16,19 +16,12 @@ from lightkube.core.exceptions import ApiError
 from lightkube.resources.batch_v1 import Job
 from lightkube.types import CascadeType
 
-from backup.resources import read_job
 from framework.catalog import ResolvedVersion
-from framework.plugin import (
-    EventNote,
-    GeneratedSecret,
-    Inspection,
-    Observed,
-    Operations,
-    ServicePlugin,
-    ServiceStatus,
-)
-from framework.pods import incarnation, pod_ip, pod_ready
-from framework.reconcile import owner_reference
+from framework.kube.api import EventNote
+from framework.kube.jobs import read_job
+from framework.kube.meta import owner_reference
+from framework.kube.pods import incarnation, pod_ip, pod_ready
+from framework.plugin import GeneratedSecret, Inspection, Observed, Operations, ServicePlugin, ServiceStatus
 from framework.volumes import claim_context, refuse_storage_change
 from services.rabbitmq import scale_down
 from services.rabbitmq.cluster import ClusterView, NodeAnswer, node_name, pod_of, read_cluster
@@ -99,7 +92,7 @@ class RabbitMQPlugin(ServicePlugin):
     generated_secrets = (DEFAULT_USER, ERLANG_COOKIE)
     child_kinds = ("ConfigMap", "Service", "PodDisruptionBudget", "StatefulsetRollout")
     user_kind = "RabbitMQUser"
-    backup_driver = "backup.drivers.rabbitmq"
+    backup_driver = "services.rabbitmq.backup_driver"
     backup_methods = ("definitions",)
     throwaway_spec: ClassVar[dict[str, Any]] = {"replicas": 1}
 

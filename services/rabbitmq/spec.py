@@ -6,14 +6,8 @@ import re
 
 from pydantic import Field, field_validator
 
-from framework.spec import (
-    ApiModel,
-    BootstrapSpec,
-    DeletionPolicy,
-    PodTemplateOverrides,
-    ResourcesSpec,
-    StorageSpec,
-)
+from framework.kube.model import ApiModel
+from framework.spec import BootstrapSpec, DeletionPolicy, PodTemplateOverrides, ResourcesSpec, StorageSpec
 
 # rabbitmq.conf keys the operator sets: a user's value would break cluster formation, the
 # Services, the default user or the management API the operator talks to.

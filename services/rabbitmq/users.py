@@ -16,10 +16,11 @@ from typing import Any
 from lightkube import AsyncClient
 from pydantic import ConfigDict, Field
 
-from framework import conditions
-from framework.api import get_or_none
 from framework.inservice import InServiceKind, Outcome, Ref, user_password
-from framework.spec import ApiModel, DeletionPolicy, immutable, optional_immutable
+from framework.kube import conditions
+from framework.kube.api import get_or_none
+from framework.kube.model import ApiModel, immutable, optional_immutable
+from framework.spec import DeletionPolicy
 from services.rabbitmq.access import (
     KNOWN_TAGS,
     AccessPlan,

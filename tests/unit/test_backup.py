@@ -8,21 +8,22 @@ import json
 import pytest
 from pydantic import ValidationError
 
-from backup.drivers.postgres import (
-    CommandFailed,
-    ScriptFilter,
-    filter_globals,
-    parse_basebackup_log,
-)
-from backup.drivers.postgres_replace import ReplaceState, aside_name, parse_state, under_way
-from backup.job import build_job, job_name, job_state, last_progress
+from backup.job import build_job
 from backup.manifest import Manifest, ManifestObject, Piece, location, manifest_key
 from backup.resources import BackupSpec, seconds_between
 from backup.restore import RestoreSpec, replace_refusal, replace_token
 from backup.run import bounded
 from backup.storage import S3Spec, encryption_args, object_key, piece_key
+from framework.kube.jobs import job_name, job_state, last_progress
 from framework.plugin import ServicePlugin
 from services.postgres import PLUGIN as POSTGRES
+from services.postgres.backup_driver import (
+    CommandFailed,
+    ScriptFilter,
+    filter_globals,
+    parse_basebackup_log,
+)
+from services.postgres.backup_replace import ReplaceState, aside_name, parse_state, under_way
 from services.rabbitmq import PLUGIN as RABBITMQ
 from tests.unit.manifests import physical_manifest
 

@@ -7,10 +7,10 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from pydantic import ValidationError
 
-from backup.job import job_name
 from backup.plan import BackupPlanSpec, VerifySpec, backup_to_verify, build_verify_restore, plan_backups
 from backup.retention import Candidate, RetentionSpec, to_prune
 from backup.schedule import Schedule, ScheduleError
+from framework.kube.jobs import job_name
 
 pytestmark = pytest.mark.unit
 

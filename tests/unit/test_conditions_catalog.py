@@ -1,8 +1,8 @@
 import pytest
 
 from framework.catalog import Catalog, VersionRefused, resolve
-from framework.conditions import READY, Condition, merge_conditions
-from framework.quantity import parse_quantity
+from framework.kube.conditions import READY, Condition, merge_conditions
+from framework.kube.quantity import parse_quantity
 
 pytestmark = pytest.mark.unit
 

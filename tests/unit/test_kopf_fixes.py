@@ -6,7 +6,7 @@ import pytest
 from kopf._cogs.structs import references
 from kopf._core.reactor import observation
 
-from framework import kopf_fixes
+from framework.kube import kopf_fixes
 
 pytestmark = pytest.mark.unit
 

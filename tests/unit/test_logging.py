@@ -8,7 +8,7 @@ import logging
 import kopf
 import pytest
 
-from framework.api import about
+from framework.kube.api import about
 
 pytestmark = pytest.mark.unit
 

@@ -7,8 +7,15 @@ import bson
 import pytest
 from bson.raw_bson import RawBSONDocument
 
-from backup.drivers import CheckFailed
-from backup.drivers.mongodb import chunked, collection_meta, counted, documents_of, index_specs, object_name
+from backup.driver import CheckFailed
+from services.mongodb.backup_driver import (
+    chunked,
+    collection_meta,
+    counted,
+    documents_of,
+    index_specs,
+    object_name,
+)
 
 pytestmark = pytest.mark.unit
 

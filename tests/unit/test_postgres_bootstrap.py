@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from backup.drivers import Source
-from backup.drivers.postgres import BASE_TAR, DRIVER, RESTORED_MARK, CommandFailed
+from backup.driver import Source
 from backup.manifest import ManifestObject
 from backup.storage import ChecksumMismatch
+from services.postgres.backup_driver import BASE_TAR, DRIVER, RESTORED_MARK, CommandFailed
 from tests.unit.manifests import physical_manifest
 
 pytestmark = pytest.mark.unit

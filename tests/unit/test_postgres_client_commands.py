@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from backup.drivers import postgres, postgres_connection
-from backup.drivers.postgres import CommandFailed, CommandOutput
+from services.postgres import backup_connection, backup_driver
+from services.postgres.backup_driver import CommandFailed, CommandOutput
 
 pytestmark = pytest.mark.unit
 
@@ -38,7 +38,7 @@ esac
 
 @pytest.fixture(autouse=True)
 def no_waiting(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(postgres.time, "sleep", lambda _: None)
+    monkeypatch.setattr(backup_driver.time, "sleep", lambda _: None)
 
 
 def test_a_client_that_could_not_connect_is_started_again_until_it_can(tmp_path: Path) -> None:
@@ -60,12 +60,12 @@ def test_a_client_that_wrote_part_of_its_output_is_never_started_again(tmp_path:
 def test_a_server_that_never_answers_fails_the_command_once_the_wait_is_over(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(postgres, "SETTLE_SECONDS", 0.0)
+    monkeypatch.setattr(backup_driver, "SETTLE_SECONDS", 0.0)
     with pytest.raises(CommandFailed, match="Connection refused"):
         b"".join(CommandOutput(command(tmp_path, "refused", "ok")))
 
 
 def test_only_an_unanswered_connection_is_worth_another_try() -> None:
-    assert postgres_connection.unreachable(REFUSED)
-    assert postgres_connection.unreachable("connection to server failed: timeout expired")
-    assert not postgres_connection.unreachable('FATAL: role "backup" does not exist')
+    assert backup_connection.unreachable(REFUSED)
+    assert backup_connection.unreachable("connection to server failed: timeout expired")
+    assert not backup_connection.unreachable('FATAL: role "backup" does not exist')

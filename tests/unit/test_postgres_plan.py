@@ -10,12 +10,13 @@ import pytest
 
 from framework.catalog import Catalog
 from framework.certificates import choose_tls_provider, plan_tls
-from framework.crd import CHART_CRDS_DIR, CRDS_DIR, HEADER, render_all
+from framework.kube.pods import has_run
+from framework.kube.status import status_changed
 from framework.plugin import Observed
-from framework.pods import has_run
-from framework.reconcile import plan, status_changed
+from framework.reconcile import plan
 from framework.rollout.spec import RolloutSpec
 from services.postgres import PLUGIN
+from statefleet.crds import CHART_CRDS_DIR, CRDS_DIR, HEADER, render_all
 
 pytestmark = pytest.mark.unit
 
@@ -283,8 +284,8 @@ def test_a_deprecated_version_works_with_one_warning() -> None:
 def test_crds_are_up_to_date(folder: Path) -> None:
     for name, text in render_all().items():
         path = folder / name
-        assert path.exists(), f"{path} missing: run python -m framework.crd"
-        assert path.read_text() == HEADER + text, f"{path} is stale: run python -m framework.crd"
+        assert path.exists(), f"{path} missing: run python -m statefleet.crds"
+        assert path.read_text() == HEADER + text, f"{path} is stale: run python -m statefleet.crds"
 
 
 def test_a_major_version_change_is_refused_not_applied() -> None:

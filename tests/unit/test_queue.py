@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from framework.queue import WorkQueue
+from framework.kube.queue import WorkQueue
 
 pytestmark = pytest.mark.unit
 

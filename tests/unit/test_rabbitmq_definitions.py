@@ -2,7 +2,7 @@
 
 import pytest
 
-from backup.drivers.rabbitmq import counts, missing, without_user
+from services.rabbitmq.backup_driver import counts, missing, without_user
 
 pytestmark = pytest.mark.unit
 

@@ -6,7 +6,14 @@ from typing import Any
 import pytest
 
 from backup import in_place
-from backup.drivers.postgres_in_place import (
+from backup.restore import RestoreSpec, replace_refusal
+from framework.catalog import Catalog
+from framework.plugin import Observed
+from framework.reconcile import plan
+from framework.rollout.controller import index_statefulset
+from framework.rollout.plan import ROLLOUT_LABEL
+from services.postgres import PLUGIN
+from services.postgres.backup_in_place import (
     COMMITTED,
     DROP_COPY,
     NOTHING_MOVED,
@@ -17,13 +24,6 @@ from backup.drivers.postgres_in_place import (
     TAKE_BACKUP,
     plan_volume,
 )
-from backup.restore import RestoreSpec, replace_refusal
-from framework.catalog import Catalog
-from framework.plugin import Observed
-from framework.reconcile import plan
-from framework.rollout.controller import index_statefulset
-from framework.rollout.plan import ROLLOUT_LABEL
-from services.postgres import PLUGIN
 from services.postgres.in_place import POD_ANNOTATION, plan_in_place, pod_annotation
 
 pytestmark = pytest.mark.unit

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from framework.commands.rollout.status import bar, render, settled
-from framework.commands.rollout.undo import earlier_revision
+from framework.rollout.commands.status import bar, render, settled
+from framework.rollout.commands.undo import earlier_revision
 from framework.rollout.controller import revision_template, selector_matches
 
 pytestmark = pytest.mark.unit

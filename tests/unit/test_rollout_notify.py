@@ -8,7 +8,7 @@ import itertools
 import pytest
 
 from e2e.receiver import receiving
-from framework.reconcile import EventNote
+from framework.kube.api import EventNote
 from framework.rollout import notify
 
 pytestmark = pytest.mark.unit

@@ -11,7 +11,7 @@ from lightkube import Client
 from lightkube.generic_resource import create_namespaced_resource
 from lightkube.types import PatchType
 
-from framework.crd import GROUP, VERSION
+from framework.kube.meta import GROUP, VERSION
 
 
 def add(verbs: Any) -> argparse.ArgumentParser:

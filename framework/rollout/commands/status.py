@@ -9,7 +9,7 @@ from typing import Any
 
 from lightkube import Client
 
-from framework.commands.rollout.common import read
+from framework.rollout.commands.common import read
 
 SETTLED = {"Healthy", "Aborted", "Degraded", "InvalidSpec"}
 

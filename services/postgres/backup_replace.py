@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, field
 import psycopg
 from psycopg import sql
 
-from backup.drivers.postgres_connection import connect as connect_to
+from services.postgres.backup_connection import connect as connect_to
 
 STATE_SETTING = "statefleet.restore"
 LOCK_KEY = 0x53_46_52_53  # "SFRS": the advisory lock a replacing restore holds

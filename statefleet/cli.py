@@ -25,15 +25,15 @@ import yaml
 from lightkube import AsyncClient, Client, codecs
 from lightkube.resources.apiextensions_v1 import CustomResourceDefinition
 
-from framework import kopf_fixes, metrics
 from framework.catalog import Catalog
-from framework.commands import rollout
-from framework.crd import render_all
 from framework.inservice import InServiceController
+from framework.kube import kopf_fixes, metrics
+from framework.kube.meta import MANAGER
 from framework.operator import Operator
-from framework.plugin import MANAGER
-from framework.registry import in_service_kinds, load_plugins, watched_kinds
+from framework.rollout import commands as rollout_commands
 from framework.rollout.controller import RolloutController
+from statefleet.crds import render_all
+from statefleet.plugins import in_service_kinds, load_plugins, watched_kinds
 
 DEFAULT_CATALOG = Path(__file__).resolve().parent.parent / "examples" / "catalog.yaml"
 
@@ -160,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         help="serve Prometheus metrics on this port (0: not at all)",
     )
     commands.add_parser("crds", help="print the CustomResourceDefinitions")
-    rollout.add(commands)
+    rollout_commands.add(commands)
     for plugin in load_plugins():
         if plugin.commands is not None:
             plugin.commands.add(commands)
@@ -170,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
         print("---\n".join(render_all().values()), end="")
         return 0
     if args.command == "rollout":
-        return rollout.run(args)
+        return rollout_commands.run(args)
     if hasattr(args, "handler"):  # a plugin's verb
         return int(args.handler(args, Client(field_manager="statefleet-cli")))
     kopf.configure(

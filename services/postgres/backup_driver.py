@@ -27,10 +27,11 @@ from typing import Any
 
 import psycopg
 
-from backup.drivers import CheckFailed, Sink, Source, Taken, postgres_in_place, postgres_replace
-from backup.drivers.postgres_connection import SETTLE_SECONDS, connect, unreachable
+from backup.driver import CheckFailed, Sink, Source, Taken
 from backup.manifest import Manifest, PhysicalPosition
 from backup.storage import CHUNK
+from services.postgres import backup_in_place, backup_replace
+from services.postgres.backup_connection import SETTLE_SECONDS, connect, unreachable
 
 # Roles every instance creates for itself: a restore keeps the target's own.
 SYSTEM_ROLES = frozenset({"postgres", "streaming_replica"})
@@ -344,13 +345,13 @@ class PostgresDriver:
                 f"a {manifest.method} backup is restored by a new instance's first pod, not by a Job"
             )
         if replace and self.roll_back(replace).get("committed"):  # an earlier attempt's
-            raise postgres_replace.ReplaceRefused(f"the restore {replace} already replaced the databases")
+            raise backup_replace.ReplaceRefused(f"the restore {replace} already replaced the databases")
         wanted = [d["name"] for d in manifest.details.get("databases", [])]
         present = set(databases(connectable_only=False))
         clashes = sorted(name for name in wanted if name != "postgres" and name in present)
         globals_sql = b"".join(source("globals.sql")).decode()
         if replace:
-            postgres_replace.begin(replace, wanted)
+            backup_replace.begin(replace, wanted)
             # The roles the instance has keep their passwords: the applications' Secrets hold them.
             globals_sql = filter_globals(globals_sql, SYSTEM_ROLES | frozenset(roles()))
         elif clashes:
@@ -375,10 +376,10 @@ class PostgresDriver:
         return result
 
     def roll_back(self, replace: str) -> dict[str, Any]:
-        return postgres_replace.roll_back(replace)
+        return backup_replace.roll_back(replace)
 
     def commit(self, replace: str) -> dict[str, Any]:
-        return postgres_replace.commit(replace)
+        return backup_replace.commit(replace)
 
     def bootstrap_wanted(self) -> str | None:
         """Why this pod must not take a physical backup's data (None: it must): only the first
@@ -416,10 +417,10 @@ class PostgresDriver:
     def replace_in_place(
         self, mode: str, token: str, fetch: Callable[[], tuple[Manifest, Source]]
     ) -> dict[str, Any]:
-        return postgres_in_place.replace_in_place(mode, token, fetch, self.bootstrap)
+        return backup_in_place.replace_in_place(mode, token, fetch, self.bootstrap)
 
     def commit_in_place(self, token: str) -> dict[str, Any]:
-        return postgres_in_place.commit_in_place(token)
+        return backup_in_place.commit_in_place(token)
 
     def check(self, manifest: Manifest, query: str | None, database: str | None) -> dict[str, Any]:
         identifier = system_identifier()

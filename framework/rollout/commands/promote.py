@@ -7,7 +7,7 @@ from typing import Any
 
 from lightkube import Client
 
-from framework.commands.rollout.common import patch_spec, read, rolling_template
+from framework.rollout.commands.common import patch_spec, read, rolling_template
 
 
 def add(verbs: Any) -> argparse.ArgumentParser:

@@ -20,9 +20,9 @@ from typing import Any
 from psycopg import sql
 
 from backup import in_place
-from backup.drivers import CheckFailed, Source
-from backup.drivers.postgres_connection import connect
+from backup.driver import CheckFailed, Source
 from backup.manifest import Manifest
+from services.postgres.backup_connection import connect
 
 RESTORED, ROLLED_BACK, COMMITTED = "restored", "rolled-back", "committed"
 # What the init container does to one pod's volume.

@@ -8,7 +8,7 @@ from typing import Any
 from lightkube import Client
 from lightkube.resources.apps_v1 import ControllerRevision
 
-from framework.commands.rollout.common import patch_spec, read
+from framework.rollout.commands.common import patch_spec, read
 from framework.rollout.controller import revision_template
 from framework.rollout.plan import ROLLOUT_LABEL
 

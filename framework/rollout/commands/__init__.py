@@ -7,7 +7,7 @@ from typing import Any
 
 from lightkube import Client
 
-from framework.commands.rollout import abort, pause, promote, resume, status, undo
+from framework.rollout.commands import abort, pause, promote, resume, status, undo
 
 VERBS = (status, pause, resume, promote, abort, undo)
 

@@ -83,5 +83,5 @@ class CheckFailed(Exception):
     pass
 
 
-def load(module: str) -> Driver:
+def load_driver(module: str) -> Driver:
     return importlib.import_module(module).DRIVER

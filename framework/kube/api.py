@@ -1,10 +1,11 @@
-"""Small helpers over the Kubernetes API that every controller uses."""
+"""Small helpers over the Kubernetes API that every controller uses, Events among them."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 from collections.abc import Awaitable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -14,10 +15,18 @@ from lightkube.models.core_v1 import EventSource, ObjectReference
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Event
 
-from framework.plugin import MANAGER
-from framework.reconcile import API_VERSION, EventNote
+from framework.kube.meta import API_VERSION, MANAGER
 
 log = logging.getLogger("statefleet")
+
+
+@dataclass(frozen=True)
+class EventNote:
+    """An Event to post about the object a controller handles."""
+
+    type: str  # Normal or Warning
+    reason: str
+    message: str
 
 
 async def bounded(calls: list[Awaitable[Any]], at_once: int) -> None:

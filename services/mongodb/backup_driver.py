@@ -19,7 +19,7 @@ from bson.codec_options import CodecOptions
 from bson.raw_bson import RawBSONDocument
 from pymongo import MongoClient
 
-from backup.drivers import CheckFailed, Sink, Source, Taken
+from backup.driver import CheckFailed, Sink, Source, Taken
 from backup.manifest import Manifest
 
 SYSTEM_DATABASES = frozenset({"admin", "local", "config"})

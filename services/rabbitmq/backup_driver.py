@@ -14,7 +14,7 @@ from typing import Any
 
 import httpx2
 
-from backup.drivers import CheckFailed, Sink, Source, Taken
+from backup.driver import CheckFailed, Sink, Source, Taken
 from backup.manifest import Manifest
 
 DEFINITIONS = "definitions.json"

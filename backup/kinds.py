@@ -1,0 +1,19 @@
+"""The backup engine's kinds, for the composition root to register."""
+
+from __future__ import annotations
+
+from backup.plan import BackupPlanKind
+from backup.resources import BackupKind, BackupStorageKind
+from backup.restore import RestoreKind
+from framework.inservice import InServiceKind
+from framework.plugin import ServicePlugin
+
+
+def backup_kinds(plugins: list[ServicePlugin], job_image: str) -> list[InServiceKind]:
+    """BackupStorage, Backup, BackupPlan and Restore. `job_image`: the image of backup Jobs."""
+    return [
+        BackupStorageKind(),
+        BackupKind(plugins, job_image),
+        BackupPlanKind(plugins),
+        RestoreKind(plugins, job_image),
+    ]

@@ -1,0 +1,47 @@
+"""The base of every spec model: camelCase in the API, CEL rules, errors that name the field."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic.alias_generators import to_camel
+
+# A Kubernetes quantity, as the API server accepts it (e.g. 1Gi, 500M, 0.5).
+QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?(m|k|Ki|M|Mi|G|Gi|T|Ti|P|Pi|E|Ei)?$"
+
+
+def immutable(field: str) -> dict[str, Any]:
+    """The CEL rule (a field's `json_schema_extra`) that refuses a change of the field."""
+    return {"x-kubernetes-validations": [{"rule": "self == oldSelf", "message": f"{field} is immutable"}]}
+
+
+def optional_immutable(field: str) -> dict[str, Any]:
+    """The same for an optional field, on the object that holds it: neither set, unset nor changed."""
+    return {
+        "x-kubernetes-validations": [
+            {
+                "rule": f"has(self.{field}) == has(oldSelf.{field}) && "
+                f"(!has(self.{field}) || self.{field} == oldSelf.{field})",
+                "message": f"{field} is immutable",
+            }
+        ]
+    }
+
+
+class ApiModel(BaseModel):
+    """A part of a resource's spec: camelCase in the API, snake_case in Python, no unknown fields."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+
+    def to_api(self) -> dict[str, Any]:
+        return self.model_dump(by_alias=True, exclude_none=True, mode="json")
+
+
+def describe_validation_error(error: ValidationError) -> str:
+    """One line per problem, each naming the field as the user wrote it (spec.storage.size)."""
+    parts = []
+    for problem in error.errors():
+        location = ".".join(str(p) for p in ("spec", *problem["loc"]))
+        parts.append(f"{location}: {problem['msg']}")
+    return "; ".join(parts)

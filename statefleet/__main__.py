@@ -1,0 +1,7 @@
+"""`python -m statefleet` is `statefleet`."""
+
+import sys
+
+from statefleet.cli import main
+
+sys.exit(main())
