@@ -157,6 +157,7 @@ class BackupKind(JobKind):
     kind = "Backup"
     plural = "backups"
     spec_model = BackupSpec
+    deleted_by_operator = True  # a plan's retention
 
     def ended(self, status: dict[str, Any]) -> Outcome:
         if status.get("phase") == COMPLETED:

@@ -147,6 +147,7 @@ class RestoreKind(JobKind):
     kind = "Restore"
     plural = "restores"
     spec_model = RestoreSpec
+    deleted_by_operator = True  # a verification's throwaway Restores
     finalizes = True  # a replacing restore deleted while it runs is rolled back before it goes
 
     def failed(self, reason: str, message: str) -> Outcome:

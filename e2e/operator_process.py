@@ -16,12 +16,12 @@ import time
 import urllib.request
 from pathlib import Path
 
+from e2e.catalog import e2e_catalog
 from e2e.kube import REPO, kubeconfig_path, operator_image, wait_until
 from statefleet import cli
 
 LIVENESS_PORT = 18080
 METRICS_PORT = 19090
-E2E_CATALOG = Path(__file__).resolve().parent / "catalog.yaml"
 
 
 class OperatorProcess:
@@ -40,14 +40,14 @@ class OperatorProcess:
         cls,
         namespaces: str = "t-*",
         log_name: str = "operator-e2e.log",
-        catalog: Path = E2E_CATALOG,
+        catalog: Path | None = None,
         port_offset: int = 0,
     ) -> OperatorProcess:
         """The operator for namespaces matching `namespaces` only: an operator installed with
         Helm, or another test worker's, may own others."""
         log_dir = REPO / ".testbed" / "logs"
         log_dir.mkdir(parents=True, exist_ok=True)
-        operator = cls(log_dir / log_name, namespaces, catalog, port_offset)
+        operator = cls(log_dir / log_name, namespaces, catalog or e2e_catalog(), port_offset)
         operator.launch()
         return operator
 
@@ -160,9 +160,9 @@ class InProcessOperator:
     """The operator in a thread of the test process (the controller tier): the same
     controllers as `statefleet operator`, started in a second and stopped with a flag."""
 
-    def __init__(self, namespaces: str, log_name: str, catalog: Path = E2E_CATALOG) -> None:
+    def __init__(self, namespaces: str, log_name: str) -> None:
         self.args = argparse.Namespace(
-            catalog=str(catalog),
+            catalog=str(e2e_catalog()),
             namespace=[namespaces],
             install_crds=True,
             metrics_port=0,

@@ -1,6 +1,8 @@
 """The version catalog: which versions of each service a platform team offers.
 
-Cluster-wide, from the Helm values (a YAML file the operator reads at start), by service:
+Each service offers its own (`catalog.yaml` beside its plugin); a platform team replaces a
+service's with its own, cluster-wide, in the Helm values (a YAML file the operator reads at
+start), by service:
 
     <service>:
       default: "2"
@@ -66,6 +68,17 @@ class Catalog(BaseModel):
     @classmethod
     def from_file(cls, path: Path) -> Catalog:
         return cls.from_yaml(path.read_text())
+
+    def over(self, defaults: dict[str, ServiceCatalog]) -> Catalog:
+        """This catalog where it names a service, each service's own versions elsewhere."""
+        return Catalog(services={**defaults, **self.services})
+
+    def to_yaml(self) -> str:
+        services = {
+            name: entry.model_dump(mode="json", exclude_defaults=True)
+            for name, entry in self.services.items()
+        }
+        return yaml.safe_dump(services, sort_keys=False)
 
 
 class ResolvedVersion(BaseModel):

@@ -71,6 +71,7 @@ class InServiceKind:
     short_names: ClassVar[tuple[str, ...]] = ()
     spec_model: ClassVar[type[BaseModel]]
     finalizes: ClassVar[bool] = True  # False: nothing inside a service to undo on deletion
+    deleted_by_operator: ClassVar[bool] = False  # the operator deletes some itself (its RBAC says so)
 
     async def reconcile(self, client: AsyncClient, body: dict[str, Any], spec: Any) -> Outcome:
         raise NotImplementedError

@@ -11,14 +11,17 @@ from __future__ import annotations
 
 import secrets
 import string
+import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar
 
+import yaml
 from lightkube import AsyncClient
 from lightkube.generic_resource import create_namespaced_resource
 from pydantic import BaseModel
 
-from framework.catalog import ResolvedVersion
+from framework.catalog import ResolvedVersion, ServiceCatalog
 from framework.kube import conditions, crd
 from framework.kube.api import EventNote
 from framework.kube.meta import (
@@ -116,9 +119,19 @@ class ServicePlugin:
     # The plugin's `statefleet` verbs: a module with `add(subparsers)`, whose parsers set
     # `handler(args, kube) -> exit code` (e.g. `statefleet pg promote`). None: no verbs.
     commands: ClassVar[Any] = None
+    # What the plugin's own code does in the cluster beyond the framework's (RBAC rules, as in a
+    # ClusterRole), e.g. reading EndpointSlices; the chart's RBAC is generated with them.
+    rbac_rules: ClassVar[tuple[dict[str, Any], ...]] = ()
     # Kinds the templates render, in apply order; children of these kinds that the templates
     # no longer render are deleted.
     child_kinds: ClassVar[tuple[str, ...]] = ("ConfigMap", "Service", "PodDisruptionBudget", "StatefulSet")
+
+    def offered_versions(self) -> ServiceCatalog:
+        """The versions the service offers unless a platform team names its own: `catalog.yaml`
+        beside the plugin's module (its default and, for each version, the image)."""
+        module = sys.modules[type(self).__module__].__file__ or ""
+        path = Path(module).parent / "catalog.yaml"
+        return ServiceCatalog.model_validate(yaml.safe_load(path.read_text()))
 
     def tls_hosts(self, name: str, namespace: str) -> list[str]:
         """The DNS names an instance's server certificate carries; empty: no TLS. The framework

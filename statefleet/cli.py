@@ -2,6 +2,7 @@
 
 statefleet operator [--catalog FILE] [--namespace NS ...] [--install-crds]
 statefleet crds           # print the CRDs generated from the models
+statefleet catalog [--catalog FILE]   # the versions offered: each service's own, or yours
 statefleet rollout status|pause|resume|promote|abort|undo NAME [-n NS]
                           # also as `kubectl statefleet rollout ...` (the kubectl-statefleet script)
 """
@@ -25,18 +26,14 @@ import yaml
 from lightkube import AsyncClient, Client, codecs
 from lightkube.resources.apiextensions_v1 import CustomResourceDefinition
 
-from framework.catalog import Catalog
 from framework.inservice import InServiceController
 from framework.kube import kopf_fixes, metrics
 from framework.kube.meta import MANAGER
 from framework.operator import Operator
 from framework.rollout import commands as rollout_commands
 from framework.rollout.controller import RolloutController
-from statefleet.crds import render_all
-from statefleet.plugins import in_service_kinds, load_plugins, watched_kinds
-
-DEFAULT_CATALOG = Path(__file__).resolve().parent.parent / "examples" / "catalog.yaml"
-
+from statefleet.generate import render_crds
+from statefleet.plugins import in_service_kinds, load_catalog, load_plugins, watched_kinds
 
 CRDS_SERVED_WITHIN = 60.0
 
@@ -46,7 +43,7 @@ async def install_crds(client: AsyncClient) -> None:
     resources it watches from discovery once at start, and again only when a CRD changes: a CRD
     that another operator created a moment before, still missing from discovery, would otherwise
     stay unwatched for good (seen with two operators started together)."""
-    crds = [yaml.safe_load(text) for text in render_all().values()]
+    crds = [yaml.safe_load(text) for text in render_crds().values()]
     for crd in crds:
         await client.apply(codecs.from_dict(crd), field_manager=MANAGER, force=True)
     try:
@@ -81,7 +78,6 @@ async def run_operator(
     """Every controller, until SIGTERM or SIGINT; or, run in a thread of another program (the
     controller tests), until `stop_flag` is set. `ready_flag` is set once the watches run."""
     kopf_fixes.apply()
-    catalog = Catalog.from_file(Path(args.catalog))
     # A busy API server answers slowly rather than not at all: wait for it.
     client = AsyncClient(field_manager=MANAGER, timeout=httpx2.Timeout(60, connect=10))
     metrics.count_api_requests(client)
@@ -92,6 +88,7 @@ async def run_operator(
     rollouts = RolloutController(client)
     rollouts.register()
     plugins = load_plugins()
+    catalog = load_catalog(plugins, Path(args.catalog) if args.catalog else None)
     operator = Operator(client, catalog, plugins, rollouts, args.job_image)
     operator.register()
     in_service = InServiceController(
@@ -139,7 +136,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog=program, description="Statefleet: data services on Kubernetes")
     commands = parser.add_subparsers(dest="command", required=True)
     operator = commands.add_parser("operator", help="run every controller against the current kubeconfig")
-    operator.add_argument("--catalog", default=os.environ.get("STATEFLEET_CATALOG", str(DEFAULT_CATALOG)))
+    operator.add_argument(
+        "--catalog",
+        default=os.environ.get("STATEFLEET_CATALOG"),
+        help="the platform team's version catalog (YAML); services it does not name offer their own",
+    )
     operator.add_argument("--namespace", action="append", default=[], help="watch only these (default: all)")
     operator.add_argument(
         "--job-image",
@@ -160,6 +161,10 @@ def main(argv: list[str] | None = None) -> int:
         help="serve Prometheus metrics on this port (0: not at all)",
     )
     commands.add_parser("crds", help="print the CustomResourceDefinitions")
+    catalog = commands.add_parser(
+        "catalog", help="print the version catalog the operator would offer (a start for your own)"
+    )
+    catalog.add_argument("--catalog", default=os.environ.get("STATEFLEET_CATALOG"), help="your own, over it")
     rollout_commands.add(commands)
     for plugin in load_plugins():
         if plugin.commands is not None:
@@ -167,7 +172,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     if args.command == "crds":
-        print("---\n".join(render_all().values()), end="")
+        print("---\n".join(render_crds().values()), end="")
+        return 0
+    if args.command == "catalog":
+        print(load_catalog(load_plugins(), Path(args.catalog) if args.catalog else None).to_yaml(), end="")
         return 0
     if args.command == "rollout":
         return rollout_commands.run(args)

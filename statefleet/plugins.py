@@ -13,11 +13,13 @@ from __future__ import annotations
 import importlib
 import pkgutil
 from importlib.metadata import entry_points
+from pathlib import Path
 from typing import Any
 
 import services
 from backup.kinds import backup_kinds
 from framework.binding import ServiceBindingKind
+from framework.catalog import Catalog
 from framework.inservice import InServiceKind
 from framework.plugin import ServicePlugin
 
@@ -56,6 +58,13 @@ def checked(found: list[tuple[str, Any]]) -> list[ServicePlugin]:
             raise PluginError(f"{source} is a second plugin of the service {plugin.service}")
         plugins[plugin.service] = plugin
     return [plugins[service] for service in sorted(plugins)]
+
+
+def load_catalog(plugins: list[ServicePlugin], path: Path | None = None) -> Catalog:
+    """The version catalog: the platform team's (`path`) where it names a service, each
+    plugin's own versions elsewhere."""
+    chosen = Catalog.from_file(path) if path else Catalog()
+    return chosen.over({plugin.service: plugin.offered_versions() for plugin in plugins})
 
 
 def in_service_kinds(plugins: list[ServicePlugin], job_image: str = "") -> list[InServiceKind]:

@@ -26,7 +26,6 @@ from lightkube.types import PatchType
 from e2e.kube import client, delete_namespace, kubeconfig_path
 from e2e.manifests import ON_KWOK
 from e2e.operator_process import OperatorProcess
-from framework.catalog import Catalog
 from framework.kube.api import bounded
 from framework.kube.meta import MANAGER
 from framework.plugin import Observed
@@ -34,7 +33,7 @@ from framework.reconcile import plan
 from framework.rollout.controller import Rollout
 from framework.rollout.plan import RolloutObserved, plan_rollout
 from services.postgres import PLUGIN
-from statefleet.cli import DEFAULT_CATALOG
+from statefleet.plugins import load_catalog, load_plugins
 
 Postgres = PLUGIN.resource()
 CONCURRENCY = 32  # the same for both sides: what a `kubectl apply` of many files would do, in parallel
@@ -50,7 +49,7 @@ SPEC = {
 async def plain_apply(api: AsyncClient, namespace: str, count: int) -> float:
     """Applies what the operators would, without them: Secrets, children, the rollout's
     StatefulSet and status, then the resource's status."""
-    catalog = Catalog.from_file(DEFAULT_CATALOG)
+    catalog = load_catalog(load_plugins())
     started = time.perf_counter()
 
     async def one(index: int) -> None:
@@ -134,9 +133,7 @@ def main() -> int:
     plain_ns, operator_ns = f"bench-plain-{run}", f"bench-op-{run}"
     for namespace in (plain_ns, operator_ns):
         kube.create(Namespace(metadata=ObjectMeta(name=namespace)))
-    operator = OperatorProcess.start(
-        namespaces="bench-op-*", log_name="operator-bench.log", catalog=DEFAULT_CATALOG
-    )
+    operator = OperatorProcess.start(namespaces="bench-op-*", log_name="operator-bench.log")
     try:
 
         async def measure() -> dict[str, float]:

@@ -2,7 +2,7 @@
 
 Kubernetes wants a structural OpenAPI v3 schema: no `$ref`, no `anyOf` for optional
 fields, `x-kubernetes-*` extensions where the API server should keep free-form objects or
-run CEL rules. `python -m statefleet.crds` writes `crds/`; a unit test fails when it is stale.
+run CEL rules. `python -m statefleet.generate` writes `crds/`; a unit test fails when it is stale.
 """
 
 from __future__ import annotations

@@ -114,6 +114,8 @@ class PostgresPlugin(ServicePlugin):
     child_kinds = ("ConfigMap", "Service", "PodDisruptionBudget", "StatefulsetRollout")
     user_kind = "PostgresUser"
     backup_driver = "services.postgres.backup_driver"
+    # A new primary is promoted once <name>-rw lets go of the old.
+    rbac_rules = ({"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["list"]},)
     backup_methods = ("physical", "logical")
     bootstrap_methods = ("physical",)
     throwaway_spec: ClassVar[dict[str, Any]] = {"instances": 1}

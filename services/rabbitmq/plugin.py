@@ -93,6 +93,8 @@ class RabbitMQPlugin(ServicePlugin):
     child_kinds = ("ConfigMap", "Service", "PodDisruptionBudget", "StatefulsetRollout")
     user_kind = "RabbitMQUser"
     backup_driver = "services.rabbitmq.backup_driver"
+    # A scale-down runs RabbitMQ's CLI in Jobs.
+    rbac_rules = ({"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["get", "create", "delete"]},)
     backup_methods = ("definitions",)
     throwaway_spec: ClassVar[dict[str, Any]] = {"replicas": 1}
 

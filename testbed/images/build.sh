@@ -176,7 +176,9 @@ build_image() {
   echo "$archive $REF" >"$IMAGES_OUT/$name.current"
 }
 
-ALL_IMAGES=(pause coredns postgres-15 postgres-17 rabbitmq-3 ferretdb-1 python-3 operator)
+# Every recipe (a folder with an image.conf): the test bed's own images and each service's
+# servers, which the services' catalogs name (tests/unit/test_image_recipes.py checks both agree).
+mapfile -t ALL_IMAGES < <(cd "$IMAGES_SRC" && for conf in */image.conf; do dirname "$conf"; done)
 for image in "${@:-${ALL_IMAGES[@]}}"; do
   build_image "$image"
 done

@@ -14,7 +14,7 @@ from statefleet.plugins import ENTRY_POINTS, PluginError, checked, load_plugins
 
 pytestmark = pytest.mark.unit
 
-A_SEPARATE_PACKAGE = '''
+A_SEPARATE_PACKAGE = """
 from pydantic import BaseModel
 
 from framework.plugin import ServicePlugin
@@ -32,7 +32,7 @@ class EchoPlugin(ServicePlugin):
 
 
 PLUGIN = EchoPlugin()
-'''
+"""
 
 
 def test_the_repository_s_services_are_found_sorted_by_name() -> None:
@@ -66,7 +66,8 @@ def test_a_kind_served_twice_is_refused() -> None:
     class SecondPostgres(type(POSTGRES)):  # type: ignore[misc]
         service = "postgres-too"
 
-    with pytest.raises(PluginError, match="serves the kind Postgres, which services.postgres.PLUGIN serves"):
+    serves_it = r"serves the kind Postgres, which services\.postgres\.PLUGIN serves"
+    with pytest.raises(PluginError, match=serves_it):
         checked([("services.postgres.PLUGIN", POSTGRES), ("elsewhere", SecondPostgres())])
 
 

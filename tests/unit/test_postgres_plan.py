@@ -3,7 +3,6 @@
 import base64
 import subprocess
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,7 +15,6 @@ from framework.plugin import Observed
 from framework.reconcile import plan
 from framework.rollout.spec import RolloutSpec
 from services.postgres import PLUGIN
-from statefleet.crds import CHART_CRDS_DIR, CRDS_DIR, HEADER, render_all
 
 pytestmark = pytest.mark.unit
 
@@ -280,14 +278,6 @@ def test_a_deprecated_version_works_with_one_warning() -> None:
     assert [e for e in again.events if e.reason == "DeprecatedVersion"] == []
 
 
-@pytest.mark.parametrize("folder", [CRDS_DIR, CHART_CRDS_DIR])
-def test_crds_are_up_to_date(folder: Path) -> None:
-    for name, text in render_all().items():
-        path = folder / name
-        assert path.exists(), f"{path} missing: run python -m statefleet.crds"
-        assert path.read_text() == HEADER + text, f"{path} is stale: run python -m statefleet.crds"
-
-
 def test_a_major_version_change_is_refused_not_applied() -> None:
     running = observed(
         {"version": "17", "storage": {"size": "1Gi"}},
@@ -397,9 +387,14 @@ def test_a_physical_backup_starts_only_its_own_major_version() -> None:
     assert PLUGIN.restored_spec({"version": "17"}, "15.14", "logical") == {"version": "17"}
 
 
-def cert_manager_secret(not_after_days: int, owners: list[dict] | None = None) -> dict:
-    """A Secret as cert-manager writes it: annotated, with a certificate for the instance."""
-    issued = plan_tls(None, None, ["demo-rw"], datetime.now(UTC) - timedelta(days=90 - not_after_days))
+def cert_manager_secret(
+    not_after_days: int, owners: list[dict] | None = None, now: datetime | None = None
+) -> dict:
+    """A Secret as cert-manager writes it: annotated, with a certificate for the instance that
+    expires `not_after_days` after `now` (to the second: one `now` makes the same certificate)."""
+    issued = plan_tls(
+        None, None, ["demo-rw"], (now or datetime.now(UTC)) - timedelta(days=90 - not_after_days)
+    )
     assert issued.server is not None
     return {
         "metadata": {
@@ -440,7 +435,8 @@ def test_with_cert_manager_served_a_new_instance_gets_its_certificates_from_it()
         "metadata": {"name": "demo-tls", "uid": "cert-uid"},
         "status": {"conditions": [{"type": "Ready", "status": "True"}]},
     }
-    secrets = {"tls": cert_manager_secret(89)}
+    issued_at = datetime.now(UTC)
+    secrets = {"tls": cert_manager_secret(89, now=issued_at)}
     second = plan(
         PLUGIN, observed(spec, status=first.status, secrets=secrets, certificate=certificate), CATALOG, "uid"
     )
@@ -453,7 +449,7 @@ def test_with_cert_manager_served_a_new_instance_gets_its_certificates_from_it()
     # No server has started yet: each reads this one when it starts, no reload is scheduled.
     assert "issuedAtSeconds" not in second.status["tls"]
     assert [e.reason for e in second.events if e.reason.startswith("Certificate")] == ["CertificateIssued"]
-    owned = {"tls": cert_manager_secret(89, owners=[{"uid": "cert-uid"}])}
+    owned = {"tls": cert_manager_secret(89, owners=[{"uid": "cert-uid"}], now=issued_at)}
     third = plan(
         PLUGIN, observed(spec, status=second.status, secrets=owned, certificate=certificate), CATALOG, "uid"
     )
