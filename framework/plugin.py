@@ -66,6 +66,13 @@ class Inspection:
     answered: bool  # at least one server answered (the framework backs off when none does)
 
 
+class UnknownAction(TypeError):
+    """A plugin was handed an action it does not carry out: a bug, never skipped in silence."""
+
+    def __init__(self, plugin: ServicePlugin, action: Any) -> None:
+        super().__init__(f"{plugin.kind} does not carry out {action!r}")
+
+
 @dataclass
 class Operations:
     """What a plugin wants done inside its service this pass (see `ServicePlugin.operate`)."""

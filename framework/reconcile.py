@@ -10,8 +10,6 @@ Event only on a transition. Reconciling twice changes nothing.
 from __future__ import annotations
 
 import base64
-import hashlib
-import json
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
@@ -30,7 +28,7 @@ from framework.certificates import (
 from framework.kube import conditions
 from framework.kube.api import EventNote
 from framework.kube.conditions import Condition
-from framework.kube.meta import decorate, owner_reference
+from framework.kube.meta import LABEL_INSTANCE, LABEL_NAME, content_hash, decorate, owner_reference
 from framework.kube.model import describe_validation_error
 from framework.kube.pods import has_run
 from framework.kube.secrets import decoded
@@ -76,7 +74,7 @@ def _invalid(observed: Observed, reason: str, message: str, operations: Operatio
 
 
 def children_hash(children: list[dict[str, Any]]) -> str:
-    return hashlib.sha256(json.dumps(children, sort_keys=True).encode()).hexdigest()[:16]
+    return content_hash(children)
 
 
 def plan(
@@ -136,6 +134,7 @@ def plan(
         "image": version.image,
         "version": version.version,
         "labels": labels,
+        "selector": {LABEL_NAME: plugin.service, LABEL_INSTANCE: observed.name},  # an instance's pods
         "tools_image": tools_image,  # Statefleet's own image, for init containers that run our code
         **plugin.template_context(spec, version, observed),
     }

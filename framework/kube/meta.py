@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 from typing import Any
 
 GROUP = "statefleet.dev"
@@ -36,3 +38,10 @@ def decorate(
     metadata["labels"] = {**labels, **metadata.get("labels", {})}
     metadata["ownerReferences"] = [owner]
     return child
+
+
+def content_hash(value: Any, length: int = 16) -> str:
+    """A short digest of `value` (text as it is, anything else as sorted JSON): put in a pod
+    template, it changes the template, and so restarts the pods, exactly when `value` changes."""
+    text = value if isinstance(value, str) else json.dumps(value, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:length]

@@ -15,7 +15,6 @@ released pod that is still on the old revision and not terminating has not been 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 from dataclasses import dataclass, field
@@ -27,7 +26,7 @@ from pydantic import ValidationError
 from framework.kube import conditions
 from framework.kube.api import EventNote
 from framework.kube.conditions import Condition
-from framework.kube.meta import API_VERSION, LABEL_MANAGED_BY, MANAGER
+from framework.kube.meta import API_VERSION, LABEL_MANAGED_BY, MANAGER, content_hash
 from framework.kube.model import describe_validation_error
 from framework.rollout import analysis
 from framework.rollout.spec import KIND, OnFailure, RolloutSpec, Step, parse_duration
@@ -61,7 +60,7 @@ HEALTHY, PROGRESSING, PAUSED, DEGRADED, ROLLING_BACK, ABORTED, INVALID = (
 
 
 def template_hash(template: dict[str, Any]) -> str:
-    return hashlib.sha256(json.dumps(template, sort_keys=True).encode()).hexdigest()[:10]
+    return content_hash(template, 10)
 
 
 def timestamp(moment: datetime) -> str:

@@ -9,7 +9,6 @@ SQLite and has no replication: one member only). The replica set logic is pure
 from __future__ import annotations
 
 import asyncio
-import hashlib
 from contextlib import suppress
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -19,9 +18,19 @@ from lightkube import AsyncClient
 from pymongo.errors import AutoReconnect, PyMongoError
 
 from framework.catalog import ResolvedVersion
+from framework.instance import Answers, ask_servers, ready_of
 from framework.kube.api import EventNote
-from framework.kube.pods import incarnation, pod_ip, pod_ready
-from framework.plugin import GeneratedSecret, Inspection, Observed, Operations, ServicePlugin, ServiceStatus
+from framework.kube.meta import content_hash
+from framework.kube.pods import pod_ip
+from framework.plugin import (
+    GeneratedSecret,
+    Inspection,
+    Observed,
+    Operations,
+    ServicePlugin,
+    ServiceStatus,
+    UnknownAction,
+)
 from framework.volumes import claim_context, refuse_storage_change
 from services.mongodb.replicaset import (
     Hello,
@@ -52,8 +61,7 @@ ROLE_LABEL = "statefleet.dev/role"
 class SetFacts:
     """An inspection's findings (`Inspection.facts`)."""
 
-    answers: dict[str, Hello | None]  # by pod
-    incarnations: dict[str, str]  # by pod: the life of the pod each answer is from
+    members: Answers[Hello]
     config: SetConfig | None  # from the primary
     states: tuple[MemberState, ...] | None
 
@@ -62,23 +70,17 @@ def flavor_of(version: ResolvedVersion) -> str:
     return version.flavor or MONGOD
 
 
-def current_answers(observed: Observed) -> SetFacts | None:
-    """The last inspection, counting only answers from the pods' current lives."""
-    facts: SetFacts | None = observed.inspection.facts if observed.inspection else None
-    if facts is None:
-        return None
-    lives = {pod["metadata"]["name"]: incarnation(pod) for pod in observed.pods}
-    answers = {pod: a for pod, a in facts.answers.items() if lives.get(pod) == facts.incarnations.get(pod)}
-    return SetFacts(answers, facts.incarnations, facts.config, facts.states)
+def last_facts(observed: Observed) -> SetFacts | None:
+    return observed.inspection.facts if observed.inspection else None
 
 
 def replica_set(spec: MongoDBSpec, observed: Observed) -> SetView:
-    facts = current_answers(observed)
+    facts = last_facts(observed)
     return plan_replica_set(
         name=observed.name,
         namespace=observed.namespace,
         wanted=spec.members,
-        answers=facts.answers if facts else {},
+        answers=facts.members.current(observed) if facts else {},
         config=facts.config if facts else None,
         states=facts.states if facts else None,
         priorities=spec.priority_by_pod(observed.name),
@@ -88,8 +90,8 @@ def replica_set(spec: MongoDBSpec, observed: Observed) -> SetView:
 
 def standalone_answer(observed: Observed) -> Hello | None:
     """A FerretDB server's `hello` (it runs alone)."""
-    facts = current_answers(observed)
-    return (facts.answers if facts else {}).get(f"{observed.name}-0")
+    facts = last_facts(observed)
+    return (facts.members.current(observed) if facts else {}).get(f"{observed.name}-0")
 
 
 class MongoDBPlugin(ServicePlugin):
@@ -176,7 +178,7 @@ class MongoDBPlugin(ServicePlugin):
             "replicas": replicas,
             "root_secret": ROOT.name(observed.name),
             "keyfile_secret": KEYFILE.name(observed.name),
-            "settings_hash": hashlib.sha256(f"{flavor}/{version.version}".encode()).hexdigest()[:16],
+            "settings_hash": content_hash(f"{flavor}/{version.version}"),
             **claim_context(spec.storage, observed),
         }
 
@@ -228,20 +230,19 @@ class MongoDBPlugin(ServicePlugin):
     async def inspect(
         self, client: AsyncClient, observed: Observed, previous: Inspection | None
     ) -> Inspection | None:
-        addressed = {pod["metadata"]["name"]: pod_ip(pod) for pod in observed.pods}
-        asks = {
-            pod: SERVERS.hello(client, observed.namespace, observed.name, ip)
-            for pod, ip in addressed.items()
-            if ip is not None
-        }
-        replies = dict(zip(asks, await asyncio.gather(*asks.values()), strict=True))
-        answers = {pod: replies.get(pod) for pod in addressed}
+        members = await ask_servers(
+            observed, lambda _, ip: SERVERS.hello(client, observed.namespace, observed.name, ip)
+        )
         config, states = None, None
         primaries = [
-            pod for pod, hello in answers.items() if hello and hello.writable_primary and hello.set_name
+            pod
+            for pod in observed.pods
+            if (hello := members.by_pod.get(pod["metadata"]["name"]))
+            and hello.writable_primary
+            and hello.set_name
         ]
         if len(primaries) == 1:
-            ip = addressed[primaries[0]]
+            ip = pod_ip(primaries[0])
             assert ip is not None
             try:
                 config = parse_config(
@@ -258,17 +259,11 @@ class MongoDBPlugin(ServicePlugin):
                 config, states = None, None
         return Inspection(
             at=asyncio.get_running_loop().time(),
-            facts=SetFacts(
-                answers, {pod["metadata"]["name"]: incarnation(pod) for pod in observed.pods}, config, states
-            ),
-            answered=any(answer is not None for answer in answers.values()),
+            facts=SetFacts(members, config, states),
+            answered=members.answered,
         )
 
     async def perform(self, client: AsyncClient, observed: Observed, action: Any) -> None:
-        ips = {pod["metadata"]["name"]: pod_ip(pod) for pod in observed.pods}
-        ip = ips.get(action.pod)
-        if ip is None:
-            raise RuntimeError(f"{action}: {action.pod} has no IP")
         if isinstance(action, Initiate):
             command: dict[str, Any] = {"replSetInitiate": action.config}
         elif isinstance(action, Reconfigure):
@@ -276,15 +271,17 @@ class MongoDBPlugin(ServicePlugin):
         elif isinstance(action, StepDown):
             command = {"replSetStepDown": 60, "secondaryCatchUpPeriodSecs": 15}
         else:
-            raise NotImplementedError(f"unknown action {action!r}")
+            raise UnknownAction(self, action)
+        ip = next((pod_ip(pod) for pod in observed.pods if pod["metadata"]["name"] == action.pod), None)
+        if ip is None:
+            raise RuntimeError(f"{action}: {action.pod} has no IP")
         with suppress(AutoReconnect):  # a primary stepping down closes its connections
             await SERVERS.command(client, observed.namespace, observed.name, ip, command, CHANGE_TIMEOUT_MS)
 
     def read_status(self, spec: MongoDBSpec, version: ResolvedVersion, observed: Observed) -> ServiceStatus:
         flavor = flavor_of(version)
-        ready_pods = {p["metadata"]["name"] for p in observed.pods if pod_ready(p)}
+        ready = ready_of(observed, spec.members)
         wanted = {f"{observed.name}-{i}" for i in range(spec.members)}
-        ready = len(ready_pods & wanted)
         service = f"{observed.name}.{observed.namespace}.svc:27017"
         hosts = [
             member_host(f"{observed.name}-{i}", observed.name, observed.namespace)

@@ -18,7 +18,8 @@ from lightkube.resources.discovery_v1 import EndpointSlice
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from framework.kube.pods import incarnation
+from framework.instance import Answers
+from framework.kube.pods import pod_ready
 from framework.kube.secrets import SecretValues
 from framework.plugin import Observed
 from services.postgres.primary import Facts, Member, parse_lsn
@@ -169,21 +170,19 @@ class Servers:
             return True
 
 
-def members_of(
-    observed: Observed, facts: dict[str, Facts | None], probed: dict[str, str], probed_at: float
-) -> dict[str, Member]:
-    """Every pod, with what its server said at the probe made at `probed_at` (`probed`: the
-    incarnation each answer came from; an answer from an earlier one says nothing)."""
+def members_of(observed: Observed, answers: Answers[Facts], probed_at: float) -> dict[str, Member]:
+    """Every pod, with what its server said at the probe made at `probed_at` (an answer from an
+    earlier life of the pod says nothing)."""
     members = {}
+    current_answers = answers.current(observed)
     for pod in observed.pods:
         name = pod["metadata"]["name"]
-        conditions = (pod.get("status") or {}).get("conditions") or []
-        current = name in facts and probed.get(name) == incarnation(pod)
+        current = name in current_answers
         members[name] = Member(
             pod=name,
-            ready=any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions),
+            ready=pod_ready(pod),
             terminating=bool(pod["metadata"].get("deletionTimestamp")),
-            facts=facts.get(name) if current else None,
+            facts=current_answers.get(name),
             probed_at=probed_at if current else 0.0,
         )
     return members

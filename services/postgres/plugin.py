@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import json
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 from urllib.parse import quote
@@ -16,9 +14,19 @@ from lightkube.resources.core_v1 import Pod
 from backup import in_place
 from framework.catalog import ResolvedVersion
 from framework.certificates import service_hosts
+from framework.instance import NO_ANSWERS, Answers, ask_servers, ready_of, ready_pods
 from framework.kube.api import EventNote
-from framework.kube.pods import incarnation, pod_ip, pod_ready
-from framework.plugin import GeneratedSecret, Inspection, Observed, Operations, ServicePlugin, ServiceStatus
+from framework.kube.meta import content_hash
+from framework.kube.pods import pod_ip
+from framework.plugin import (
+    GeneratedSecret,
+    Inspection,
+    Observed,
+    Operations,
+    ServicePlugin,
+    ServiceStatus,
+    UnknownAction,
+)
 from framework.volumes import claim_context, refuse_storage_change
 from services.postgres import commands as postgres_commands
 from services.postgres.in_place import POD_ANNOTATION, InPlaceStep, plan_in_place, pod_annotation
@@ -86,8 +94,7 @@ def tls_reload_due(status: dict[str, Any], now: float) -> bool:
 class ServerFacts:
     """An inspection's findings (`Inspection.facts`)."""
 
-    servers: dict[str, Facts | None]  # by pod; None: did not answer
-    incarnations: dict[str, str]  # by pod: the life of the pod each answer is from
+    servers: Answers[Facts]
     rw_endpoints: frozenset[str] | None  # None: not looked at (no change of primary was under way)
     not_streaming_since: dict[str, float]  # standbys not streaming, since (monotonic)
     silent_since: dict[str, float]  # servers not answering, since (monotonic)
@@ -220,15 +227,13 @@ class PostgresPlugin(ServicePlugin):
             "replication_secret": REPLICATION.name(observed.name),
             "replication_user": REPLICATION.fixed["username"],
             # Pods restart when their configuration changes: it is part of the template.
-            "config_hash": hashlib.sha256(json.dumps(configuration, sort_keys=True).encode()).hexdigest()[
-                :16
-            ],
+            "config_hash": content_hash(configuration),
             **claim_context(spec.storage, observed),
         }
 
     def operate(self, spec: PostgresSpec, observed: Observed, now: float) -> Operations:
         inspection = observed.inspection
-        found = inspection.facts if inspection else ServerFacts({}, {}, None, {}, {}, None, frozenset())
+        found = inspection.facts if inspection else ServerFacts(NO_ANSWERS, None, {}, {}, None, frozenset())
         members = {
             pod: replace(
                 member,
@@ -237,7 +242,7 @@ class PostgresPlugin(ServicePlugin):
                 confirmed_primary=bool(member.probed_at) and pod in found.confirmed,
             )
             for pod, member in members_of(
-                observed, found.servers, found.incarnations, inspection.at if inspection else 0.0
+                observed, found.servers, inspection.at if inspection else 0.0
             ).items()
         }
         restoring = in_place_step(
@@ -298,18 +303,15 @@ class PostgresPlugin(ServicePlugin):
     async def inspect(
         self, client: AsyncClient, observed: Observed, previous: Inspection | None
     ) -> Inspection | None:
-        addressed = {pod["metadata"]["name"]: pod_ip(pod) for pod in observed.pods}
-        probes = {pod: SERVERS.probe(client, observed, ip) for pod, ip in addressed.items() if ip is not None}
-        answers = dict(zip(probes, await asyncio.gather(*probes.values()), strict=True))
+        answers = await ask_servers(observed, lambda _, ip: SERVERS.probe(client, observed, ip))
         at = asyncio.get_running_loop().time()  # the answers are at most a probe's timeout older
-        servers: dict[str, Facts | None] = {pod: answers.get(pod) for pod in addressed}
-        lives = {pod["metadata"]["name"]: incarnation(pod) for pod in observed.pods}
+        servers = answers.by_pod
 
         def same_life(pod: str) -> bool:
             """The previous inspection saw this life of the pod, under the same primary."""
             return (
                 previous is not None
-                and previous.facts.incarnations.get(pod) == lives[pod]
+                and previous.facts.servers.lives.get(pod) == answers.lives[pod]
                 and previous.facts.primary == observed.status.get("currentPrimary")
             )
 
@@ -340,15 +342,9 @@ class PostgresPlugin(ServicePlugin):
         return Inspection(
             at=at,
             facts=ServerFacts(
-                servers,
-                lives,
-                endpoints,
-                not_streaming,
-                silent,
-                observed.status.get("currentPrimary"),
-                confirmed,
+                answers, endpoints, not_streaming, silent, observed.status.get("currentPrimary"), confirmed
             ),
-            answered=any(facts is not None for facts in servers.values()),
+            answered=answers.answered,
         )
 
     async def perform(self, client: AsyncClient, observed: Observed, action: Action) -> None:
@@ -378,13 +374,13 @@ class PostgresPlugin(ServicePlugin):
             await asyncio.gather(
                 *(SERVERS.repoint(client, observed, ips[p], host) for p in action.pods if ips.get(p))
             )
+        else:
+            raise UnknownAction(self, action)
 
     def read_status(self, spec: PostgresSpec, version: ResolvedVersion, observed: Observed) -> ServiceStatus:
         primary = current_primary(observed.name, observed)
-        ready_pods = {p["metadata"]["name"] for p in observed.pods if pod_ready(p)}
-        wanted = {f"{observed.name}-{i}" for i in range(spec.instances)}
-        ready = len(ready_pods & wanted)
-        primary_ready = primary in ready_pods
+        ready = ready_of(observed, spec.instances)
+        primary_ready = primary in ready_pods(observed)
         if primary_ready and ready == spec.instances:
             message = f"{ready} of {spec.instances} instances ready; primary {primary}"
         elif primary_ready:

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import json
 import time
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -17,11 +15,20 @@ from lightkube.resources.batch_v1 import Job
 from lightkube.types import CascadeType
 
 from framework.catalog import ResolvedVersion
+from framework.instance import Answers, ask_servers, ready_of
 from framework.kube.api import EventNote
 from framework.kube.jobs import read_job
-from framework.kube.meta import owner_reference
-from framework.kube.pods import incarnation, pod_ip, pod_ready
-from framework.plugin import GeneratedSecret, Inspection, Observed, Operations, ServicePlugin, ServiceStatus
+from framework.kube.meta import content_hash, owner_reference
+from framework.kube.pods import pod_ip
+from framework.plugin import (
+    GeneratedSecret,
+    Inspection,
+    Observed,
+    Operations,
+    ServicePlugin,
+    ServiceStatus,
+    UnknownAction,
+)
 from framework.volumes import claim_context, refuse_storage_change
 from services.rabbitmq import scale_down
 from services.rabbitmq.cluster import ClusterView, NodeAnswer, node_name, pod_of, read_cluster
@@ -40,8 +47,7 @@ INSPECT_FORMING, INSPECT_FORMED = 3.0, 15.0
 class NodeFacts:
     """An inspection's findings (`Inspection.facts`)."""
 
-    answers: dict[str, NodeAnswer | None]  # by pod; None: did not answer
-    incarnations: dict[str, str]  # by pod: the life of the pod each answer is from
+    nodes: Answers[NodeAnswer]
     # While scaling down: the queues (None: not asked, or no node answered), read after the Job.
     queues: list[scale_down.Queue] | None = None
     job: scale_down.JobReport | None = None
@@ -74,12 +80,7 @@ def scale_down_step(spec: RabbitMQSpec, observed: Observed, now: float | None = 
 def cluster_view(spec: RabbitMQSpec, observed: Observed) -> ClusterView:
     """The cluster from the nodes' last answers, counting only answers from the pods' current lives."""
     facts: NodeFacts | None = observed.inspection.facts if observed.inspection else None
-    lives = {pod["metadata"]["name"]: incarnation(pod) for pod in observed.pods}
-    answers = {
-        pod: answer
-        for pod, answer in (facts.answers if facts else {}).items()
-        if facts and lives.get(pod) == facts.incarnations.get(pod)
-    }
+    answers = facts.nodes.current(observed) if facts else {}
     return read_cluster(observed.name, observed.namespace, spec.replicas, answers)
 
 
@@ -157,9 +158,7 @@ class RabbitMQPlugin(ServicePlugin):
             "peers": max(replicas, len(observed.pods)),
             "default_user_secret": DEFAULT_USER.name(observed.name),
             "cookie_secret": ERLANG_COOKIE.name(observed.name),
-            "config_hash": hashlib.sha256(json.dumps(configuration, sort_keys=True).encode()).hexdigest()[
-                :16
-            ],
+            "config_hash": content_hash(configuration),
             **claim_context(spec.storage, observed),
         }
 
@@ -200,30 +199,20 @@ class RabbitMQPlugin(ServicePlugin):
     async def inspect(
         self, client: AsyncClient, observed: Observed, previous: Inspection | None
     ) -> Inspection | None:
-        addressed = {pod["metadata"]["name"]: pod_ip(pod) for pod in observed.pods}
         # The Job first: when it is seen ended, the nodes and queues below show what it did.
         scaling = scaling_down(int(observed.spec.get("replicas", 1)), observed)
         job = await self._scale_down_job(client, observed) if scaling else None
-        asks = {
-            pod: MANAGEMENT.cluster(client, observed.namespace, observed.name, ip)
-            for pod, ip in addressed.items()
-            if ip is not None
-        }
-        replies = dict(zip(asks, await asyncio.gather(*asks.values()), strict=True))
-        answers = {pod: replies.get(pod) for pod in addressed}
+        nodes = await ask_servers(
+            observed, lambda _, ip: MANAGEMENT.cluster(client, observed.namespace, observed.name, ip)
+        )
         queues = None
         if scaling:
-            answering = [addressed[pod] for pod, answer in answers.items() if answer is not None]
+            answering = [pod_ip(pod) for pod in observed.pods if nodes.by_pod.get(pod["metadata"]["name"])]
             queues = await self._queues(client, observed, answering)
         return Inspection(
             at=asyncio.get_running_loop().time(),
-            facts=NodeFacts(
-                answers,
-                {pod["metadata"]["name"]: incarnation(pod) for pod in observed.pods},
-                queues=queues,
-                job=job,
-            ),
-            answered=any(answer is not None for answer in answers.values()),
+            facts=NodeFacts(nodes, queues=queues, job=job),
+            answered=nodes.answered,
         )
 
     async def _scale_down_job(self, client: AsyncClient, observed: Observed) -> scale_down.JobReport | None:
@@ -275,12 +264,10 @@ class RabbitMQPlugin(ServicePlugin):
                 if error.status.code != 409:  # made by a pass whose status write was lost
                     raise
         else:
-            raise NotImplementedError(f"unknown action {action!r}")
+            raise UnknownAction(self, action)
 
     def read_status(self, spec: RabbitMQSpec, version: ResolvedVersion, observed: Observed) -> ServiceStatus:
-        ready_pods = {p["metadata"]["name"] for p in observed.pods if pod_ready(p)}
-        wanted = {f"{observed.name}-{i}" for i in range(spec.replicas)}
-        ready = len(ready_pods & wanted)
+        ready = ready_of(observed, spec.replicas)
         view = cluster_view(spec, observed)
         serving = view.quorum and ready > spec.replicas // 2
         message = f"{ready} of {spec.replicas} nodes ready; {view.message}"

@@ -6,6 +6,7 @@ from typing import Any
 import pytest
 
 from framework.catalog import Catalog
+from framework.instance import Answers
 from framework.plugin import Inspection, Observed
 from framework.reconcile import plan
 from services.mongodb import PLUGIN
@@ -123,8 +124,7 @@ def test_a_member_leaving_keeps_its_pod_until_the_set_has_removed_it() -> None:
         for i in members
     }
     facts = SetFacts(
-        {f"catalog-{i}": hello[i] for i in members},
-        {f"catalog-{i}": f"u{i}/0" for i in members},
+        Answers({f"catalog-{i}": hello[i] for i in members}, {f"catalog-{i}": f"u{i}/0" for i in members}),
         parse_config(config),
         (),
     )

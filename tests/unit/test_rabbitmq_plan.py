@@ -6,6 +6,7 @@ import pytest
 import yaml
 
 from framework.catalog import Catalog
+from framework.instance import NO_ANSWERS, Answers
 from framework.plugin import Inspection, Observed
 from framework.reconcile import plan
 from framework.rollout.spec import RolloutSpec
@@ -53,7 +54,7 @@ def pod(ordinal: int, ready: bool = True, uid: str = "u") -> dict:
 
 def with_answers(answers: dict[int, NodeAnswer | None], pods: list[dict], **extra: Any) -> Observed:
     lives = {p["metadata"]["name"]: f"{p['metadata']['uid']}/0" for p in pods}
-    facts = NodeFacts({f"events-{i}": a for i, a in answers.items()}, lives)
+    facts = NodeFacts(Answers({f"events-{i}": a for i, a in answers.items()}, lives))
     return observed(SPEC, pods=pods, inspection=Inspection(at=1.0, facts=facts, answered=True), **extra)
 
 
@@ -299,7 +300,7 @@ def test_a_scale_down_keeps_the_nodes_until_their_queues_moved_and_refuses_to_lo
         "messages": 4,
         "durable": True,
     }
-    facts = NodeFacts(answers={}, incarnations={}, queues=parse_queues([classic]))
+    facts = NodeFacts(NO_ANSWERS, queues=parse_queues([classic]))
     inspected = Inspection(at=0.0, facts=facts, answered=True)
     refused = plan(
         PLUGIN,
