@@ -12,8 +12,10 @@ from __future__ import annotations
 import secrets
 import string
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any, ClassVar
 
 import yaml
@@ -33,6 +35,7 @@ from framework.kube.meta import (
     MANAGER,
     VERSION,
 )
+from framework.rollout.hooks import InProcess
 
 TLS_CA, TLS_SERVER = "ca", "tls"  # suffixes of the Secrets of an instance's TLS
 
@@ -132,6 +135,11 @@ class ServicePlugin:
     # Kinds the templates render, in apply order; children of these kinds that the templates
     # no longer render are deleted.
     child_kinds: ClassVar[tuple[str, ...]] = ("ConfigMap", "Service", "PodDisruptionBudget", "StatefulSet")
+
+    def __init__(self, rollout_hooks: Mapping[str, InProcess] | None = None) -> None:
+        # In-process rollout hooks by name (`framework.rollout.hooks`), which the service's
+        # templates name in their StatefulsetRollouts' strategy.
+        self.rollout_hooks: Mapping[str, InProcess] = MappingProxyType(dict(rollout_hooks or {}))
 
     def offered_versions(self) -> ServiceCatalog:
         """The versions the service offers unless a platform team names its own: `catalog.yaml`

@@ -33,7 +33,7 @@ from framework.operator import Operator
 from framework.rollout import commands as rollout_commands
 from framework.rollout.controller import RolloutController
 from statefleet.generate import render_crds
-from statefleet.plugins import in_service_kinds, load_catalog, load_plugins, watched_kinds
+from statefleet.plugins import in_process_hooks, in_service_kinds, load_catalog, load_plugins, watched_kinds
 
 CRDS_SERVED_WITHIN = 60.0
 
@@ -85,9 +85,9 @@ async def run_operator(
         await install_crds(client)
     if args.metrics_port:
         metrics.serve(args.metrics_port)
-    rollouts = RolloutController(client)
-    rollouts.register()
     plugins = load_plugins()
+    rollouts = RolloutController(client, in_process_hooks(plugins))
+    rollouts.register()
     catalog = load_catalog(plugins, Path(args.catalog) if args.catalog else None)
     operator = Operator(client, catalog, plugins, rollouts, args.job_image)
     operator.register()

@@ -22,6 +22,7 @@ from framework.binding import ServiceBindingKind
 from framework.catalog import Catalog
 from framework.inservice import InServiceKind
 from framework.plugin import ServicePlugin
+from framework.rollout.hooks import InProcess
 
 ENTRY_POINTS = "statefleet.services"
 
@@ -58,6 +59,19 @@ def checked(found: list[tuple[str, Any]]) -> list[ServicePlugin]:
             raise PluginError(f"{source} is a second plugin of the service {plugin.service}")
         plugins[plugin.service] = plugin
     return [plugins[service] for service in sorted(plugins)]
+
+
+def in_process_hooks(plugins: list[ServicePlugin]) -> dict[str, InProcess]:
+    """Every plugin's in-process rollout hooks, by name (a name two plugins give is an error)."""
+    hooks: dict[str, InProcess] = {}
+    for plugin in plugins:
+        for name, hook in plugin.rollout_hooks.items():
+            if name in hooks:
+                raise PluginError(
+                    f"{plugin.service} offers the rollout hook {name}, which another plugin offers"
+                )
+            hooks[name] = hook
+    return hooks
 
 
 def load_catalog(plugins: list[ServicePlugin], path: Path | None = None) -> Catalog:

@@ -116,8 +116,11 @@ def revision_template(revision: dict[str, Any]) -> dict[str, Any]:
 
 
 class RolloutController:
-    def __init__(self, client: AsyncClient) -> None:
+    def __init__(
+        self, client: AsyncClient, in_process_hooks: Mapping[str, hooks.InProcess] | None = None
+    ) -> None:
         self.client = client
+        self.in_process_hooks = dict(in_process_hooks or {})  # by name: the plugins' hooks
         self.queue = WorkQueue(self._reconcile_once, self._describe)
         self._pods: Mapping[Key, Any] = {}
         self._statefulsets: Mapping[Key, Any] = {}
@@ -241,7 +244,9 @@ class RolloutController:
         revision = planned.status.get("updateRevision", "")
         for pod in planned.released:
             call = self._hook_call("beforeTakeDown", observed, pod, revision)
-            failure = await hooks.run(spec.strategy.hooks.before_take_down, call, self.sender.http)
+            failure = await hooks.run(
+                spec.strategy.hooks.before_take_down, call, self.sender.http, self.in_process_hooks
+            )
             if failure:
                 log.warning(
                     "%s; holding the partition above it",
@@ -257,7 +262,9 @@ class RolloutController:
         revision = planned.status.get("updateRevision", "")
         for pod in planned.after_ready:
             call = self._hook_call("afterReady", observed, pod, revision)
-            failure = await hooks.run(spec.strategy.hooks.after_ready, call, self.sender.http)
+            failure = await hooks.run(
+                spec.strategy.hooks.after_ready, call, self.sender.http, self.in_process_hooks
+            )
             if failure:
                 log.warning(
                     "%s; trying again", failure, extra=self._describe((observed.namespace, observed.name))

@@ -1,14 +1,14 @@
 """Rollout hooks: calls before a pod is released for its update and after it is back.
 
 HTTP hooks reach anything with an endpoint (Consul's maintenance mode, a load balancer's
-drain API); in-process hooks are Python functions a service plugin registers by name (a database
-plugin checkpoints before its primary goes down). A hook that fails keeps its pod
-where it is: the rollout tries again on its next pass.
+drain API); in-process hooks are Python functions a service plugin offers by name (a database
+plugin checkpoints before its primary goes down), handed to the controller when it is made. A
+hook that fails keeps its pod where it is: the rollout tries again on its next pass.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
@@ -36,17 +36,6 @@ class HookCall:
 
 
 InProcess = Callable[[HookCall], Awaitable[None]]  # raises to say "not now"
-REGISTRY: dict[str, InProcess] = {}
-
-
-def register(name: str) -> Callable[[InProcess], InProcess]:
-    """For service plugins: `@register("<service>-checkpoint") async def ...(call): ...`."""
-
-    def add(function: InProcess) -> InProcess:
-        REGISTRY[name] = function
-        return function
-
-    return add
 
 
 def expand(url: str, call: HookCall) -> str:
@@ -63,8 +52,11 @@ def expand(url: str, call: HookCall) -> str:
     return url
 
 
-async def run(hooks: list[Hook], call: HookCall, http: httpx2.AsyncClient) -> str | None:
-    """Runs `hooks` in order; the first failure, as a message, or None when all passed."""
+async def run(
+    hooks: list[Hook], call: HookCall, http: httpx2.AsyncClient, in_process: Mapping[str, InProcess]
+) -> str | None:
+    """Runs `hooks` in order (`in_process`: the functions in-process hooks name); the first
+    failure, as a message, or None when all passed."""
     for hook in hooks:
         try:
             if hook.http is not None:
@@ -74,7 +66,7 @@ async def run(hooks: list[Hook], call: HookCall, http: httpx2.AsyncClient) -> st
                     where = f"{hook.http.method} {url.split('?')[0]}"
                     return f"{call.moment} hook {where}: HTTP {response.status_code}"
             elif hook.in_process is not None:
-                function = REGISTRY.get(hook.in_process.name)
+                function = in_process.get(hook.in_process.name)
                 if function is None:
                     return f"{call.moment} hook {hook.in_process.name!r}: no such in-process hook"
                 await function(call)

@@ -1,6 +1,6 @@
 """The MongoDB service plugin."""
 
-from services.mongodb import hooks  # noqa: F401  (registers the plugin's rollout hook)
+from services.mongodb.hooks import HOOKS
 from services.mongodb.plugin import MongoDBPlugin
 
-PLUGIN = MongoDBPlugin()
+PLUGIN = MongoDBPlugin(rollout_hooks=HOOKS)

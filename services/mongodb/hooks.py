@@ -8,7 +8,7 @@ from contextlib import suppress
 
 from pymongo.errors import AutoReconnect
 
-from framework.rollout.hooks import HookCall, register
+from framework.rollout.hooks import HookCall, InProcess
 from services.mongodb.plugin import SERVERS
 
 
@@ -16,7 +16,6 @@ class StillPrimary(Exception):
     """The pod's server is still the primary: not now."""
 
 
-@register("mongodb-step-down")
 async def step_down_the_primary(call: HookCall) -> None:
     if not call.pod_ip or len(call.pods) < 2:
         return  # alone: nobody to hand over to
@@ -33,3 +32,9 @@ async def step_down_the_primary(call: HookCall) -> None:
             timeout_ms=30000,
         )
     raise StillPrimary(f"{call.pod} was asked to step down; waiting for another primary")
+
+
+# By the names the templates give them.
+HOOKS: dict[str, InProcess] = {
+    "mongodb-step-down": step_down_the_primary,
+}

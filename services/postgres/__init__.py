@@ -1,6 +1,6 @@
 """The PostgreSQL service plugin."""
 
-from services.postgres import hooks  # noqa: F401  (registers the plugin's rollout hooks)
+from services.postgres.hooks import HOOKS
 from services.postgres.plugin import PostgresPlugin
 
-PLUGIN = PostgresPlugin()
+PLUGIN = PostgresPlugin(rollout_hooks=HOOKS)

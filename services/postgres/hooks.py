@@ -19,7 +19,7 @@ import psycopg
 from lightkube.types import PatchType
 
 from framework.kube.api import about
-from framework.rollout.hooks import HookCall, register
+from framework.rollout.hooks import HookCall, InProcess
 from framework.rollout.plan import PodView
 from services.postgres.plugin import SERVERS, PostgresPlugin
 from services.postgres.primary import ordinal
@@ -65,7 +65,6 @@ def primary_last(name: str, status: dict[str, Any], pods: tuple[PodView, ...], r
     return Hold(message, None if switchover.get("rollout") == request else request)
 
 
-@register("postgres-primary-last")
 async def switch_over_to_the_last_pod_first(call: HookCall) -> None:
     postgres = await call.client.get(POSTGRES, call.rollout, namespace=call.namespace)
     hold = primary_last(call.rollout, postgres.status or {}, call.pods, call.revision)
@@ -83,7 +82,6 @@ async def switch_over_to_the_last_pod_first(call: HookCall) -> None:
     raise NotNow(hold.message)
 
 
-@register("postgres-checkpoint")
 async def checkpoint_before_the_primary_goes_down(call: HookCall) -> None:
     """A primary's shutdown writes a checkpoint of everything dirty since the last one; doing
     it now, while it still serves, makes the stop (and so the switchover) short. Replicas are
@@ -102,3 +100,10 @@ async def checkpoint_before_the_primary_goes_down(call: HookCall) -> None:
         log.info(
             "no checkpoint on %s: %s", call.pod, error, extra=about("Postgres", call.namespace, call.rollout)
         )
+
+
+# By the names the templates give them.
+HOOKS: dict[str, InProcess] = {
+    "postgres-primary-last": switch_over_to_the_last_pod_first,
+    "postgres-checkpoint": checkpoint_before_the_primary_goes_down,
+}

@@ -1,6 +1,6 @@
 """The RabbitMQ service plugin."""
 
-from services.rabbitmq import hooks  # noqa: F401  (registers the plugin's rollout hook)
+from services.rabbitmq.hooks import HOOKS
 from services.rabbitmq.plugin import RabbitMQPlugin
 
-PLUGIN = RabbitMQPlugin()
+PLUGIN = RabbitMQPlugin(rollout_hooks=HOOKS)

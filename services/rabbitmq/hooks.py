@@ -4,11 +4,10 @@ node-is-quorum-critical check), so a rollout never makes a queue unavailable."""
 
 from __future__ import annotations
 
-from framework.rollout.hooks import HookCall, register
+from framework.rollout.hooks import HookCall, InProcess
 from services.rabbitmq.plugin import MANAGEMENT
 
 
-@register("rabbitmq-not-quorum-critical")
 async def wait_until_not_quorum_critical(call: HookCall) -> None:
     others = [pod for pod in call.pods if pod.name != call.pod]
     if not others or not call.pod_ip:
@@ -17,3 +16,9 @@ async def wait_until_not_quorum_critical(call: HookCall) -> None:
     if this is not None and this.ready_since is None:
         return  # already out of service: taking it down makes no queue lose a member it has
     await MANAGEMENT.not_quorum_critical(call.client, call.namespace, call.rollout, call.pod_ip)
+
+
+# By the names the templates give them.
+HOOKS: dict[str, InProcess] = {
+    "rabbitmq-not-quorum-critical": wait_until_not_quorum_critical,
+}

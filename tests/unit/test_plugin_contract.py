@@ -7,7 +7,8 @@ import asyncio
 import pytest
 
 from framework.plugin import Observed, ServicePlugin, UnknownAction
-from statefleet.plugins import load_plugins
+from framework.reconcile import plan
+from statefleet.plugins import PluginError, in_process_hooks, load_catalog, load_plugins
 
 pytestmark = pytest.mark.unit
 
@@ -19,3 +20,28 @@ def test_an_action_a_plugin_does_not_carry_out_is_an_error_not_skipped(plugin: S
     observed = Observed(name="demo", namespace="apps", generation=1, spec={}, status={})
     with pytest.raises(UnknownAction, match=f"{plugin.kind} does not carry out 'switch it off'"):
         asyncio.run(plugin.perform(None, observed, "switch it off"))
+
+
+@pytest.mark.parametrize("plugin", PLUGINS, ids=[p.service for p in PLUGINS])
+def test_every_in_process_hook_the_templates_name_is_one_the_plugin_offers(plugin: ServicePlugin) -> None:
+    spec = {**plugin.throwaway_spec, "storage": {"size": "1Gi"}}
+    observed = Observed(name="demo", namespace="apps", generation=1, spec=spec, status={})
+    planned = plan(plugin, observed, load_catalog(PLUGINS), "uid")
+    (rollout,) = [child for child in planned.children if child["kind"] == "StatefulsetRollout"]
+    named = [
+        hook["inProcess"]["name"]
+        for moment in rollout["spec"]["strategy"].get("hooks", {}).values()
+        for hook in moment
+        if "inProcess" in hook
+    ]
+    assert named
+    assert set(named) <= set(plugin.rollout_hooks)
+
+
+def test_a_rollout_hook_two_plugins_offer_is_refused() -> None:
+    first, second = PLUGINS[0], PLUGINS[1]
+    twice = type(second)(
+        rollout_hooks={next(iter(first.rollout_hooks)): first.rollout_hooks[next(iter(first.rollout_hooks))]}
+    )
+    with pytest.raises(PluginError, match=f"{second.service} offers the rollout hook"):
+        in_process_hooks([first, twice])

@@ -23,10 +23,10 @@ def test_urls_get_the_pod_in_place_of_the_variables() -> None:
     )
 
 
-def run(spec: list[dict]) -> str | None:
+def run(spec: list[dict], in_process: dict[str, hooks.InProcess] | None = None) -> str | None:
     async def go() -> str | None:
         async with httpx2.AsyncClient() as http:
-            return await hooks.run([Hook.model_validate(h) for h in spec], CALL, http)
+            return await hooks.run([Hook.model_validate(h) for h in spec], CALL, http, in_process or {})
 
     return asyncio.run(go())
 
@@ -50,18 +50,20 @@ def test_http_hooks_run_in_order_and_a_failure_stops_them() -> None:
 def test_in_process_hooks_are_found_by_name() -> None:
     seen = []
 
-    @hooks.register("test-record")
     async def record(call: hooks.HookCall) -> None:
         seen.append(call.pod)
 
-    @hooks.register("test-refuse")
     async def refuse(call: hooks.HookCall) -> None:
         raise RuntimeError("replication lag too high")
 
-    assert run([{"inProcess": {"name": "test-record"}}]) is None
+    offered = {"test-record": record, "test-refuse": refuse}
+    assert run([{"inProcess": {"name": "test-record"}}], offered) is None
     assert seen == ["web-7"]
     assert (
-        run([{"inProcess": {"name": "test-refuse"}}])
+        run([{"inProcess": {"name": "test-refuse"}}], offered)
         == "beforeTakeDown hook on web-7: replication lag too high"
     )
-    assert run([{"inProcess": {"name": "nope"}}]) == "beforeTakeDown hook 'nope': no such in-process hook"
+    assert (
+        run([{"inProcess": {"name": "nope"}}], offered)
+        == "beforeTakeDown hook 'nope': no such in-process hook"
+    )
