@@ -1,6 +1,6 @@
 """One backup driver per service, run inside the backup Job: it streams the service's data
 into the storage (`backup`) and back (`restore`). A plugin names its driver module
-(`ServicePlugin.backup_driver`); the module exposes `DRIVER`.
+(`ServicePlugin.backups.driver`); the module exposes `DRIVER`.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ plugin say to each other.
 
 The Restore asks with an annotation on the instance (`ANNOTATION`: token, Restore, mode); the
 plugin answers in the instance's `status.inPlaceRestore` (token, mode, phase, the pod that
-takes the backup, a message). A plugin that serves it (`ServicePlugin.restores_in_place`)
+takes the backup, a message). A plugin that serves it (`Backups.restores_in_place`)
 stops every pod, starts them again with an init container that, in the pod that was the
 primary, keeps the old data aside (named after the token) and puts the backup in its place,
 and in the others drops the copies they held (they clone the new primary). The Restore then

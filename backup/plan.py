@@ -17,7 +17,7 @@ from lightkube.core.exceptions import ApiError
 from lightkube.types import PatchType
 from pydantic import Field, field_validator
 
-from backup.resources import COMPLETED, FAILED, BackupKind
+from backup.resources import COMPLETED, FAILED, BackupKind, backups_of
 from backup.restore import RestoreKind
 from backup.retention import Candidate, RetentionSpec, to_prune
 from backup.schedule import Schedule, ScheduleError
@@ -437,7 +437,7 @@ class BackupPlanKind(InServiceKind):
                 spec,
                 by_name[decision.backup],
                 decision.scheduled_for,
-                verified_plugin.throwaway_spec if verified_plugin else None,
+                backups_of(verified_plugin).throwaway_spec if verified_plugin else None,
             )
             try:
                 await client.create(codecs.from_dict(restore))

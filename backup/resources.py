@@ -29,7 +29,7 @@ from framework.kube.api import EventNote, get_or_none
 from framework.kube.jobs import job_name, read_job
 from framework.kube.model import ApiModel
 from framework.kube.secrets import decoded
-from framework.plugin import ServicePlugin
+from framework.plugin import Backups, ServicePlugin
 from framework.spec import DeletionPolicy
 
 IMMUTABLE = {"x-kubernetes-validations": [{"rule": "self == oldSelf", "message": "spec is immutable"}]}
@@ -53,6 +53,14 @@ class BackupSpec(ApiModel):
         description="Delete: deleting the Backup deletes its objects. Retain keeps them.",
     )
     deadline_seconds: int = Field(default=6 * 3600, ge=60, description="The Job's time limit.")
+
+
+def backups_of(plugin: ServicePlugin) -> Backups:
+    """The plugin's backups: a Backup, and so a Restore, is only ever of a service that has
+    them (a Backup of any other fails at once, `UnknownService`)."""
+    if plugin.backups is None:
+        raise LookupError(f"{plugin.kind} has no backups")
+    return plugin.backups
 
 
 async def storage_client(client: AsyncClient, namespace: str, name: str) -> tuple[S3Spec, Any]:
@@ -185,16 +193,17 @@ class BackupKind(JobKind):
         meta = body["metadata"]
         namespace = meta["namespace"]
         plugin = self.plugins.get(spec.service.kind)
-        if plugin is None or not plugin.backup_driver:
-            known = ", ".join(sorted(k for k, p in self.plugins.items() if p.backup_driver))
+        if plugin is None or plugin.backups is None:
+            known = ", ".join(sorted(k for k, p in self.plugins.items() if p.backups))
             return self.failed(
                 "UnknownService", f"spec.service.kind: {spec.service.kind} has no backups; one of {known}"
             )
-        method = spec.method or plugin.backup_methods[0]
-        if method not in plugin.backup_methods:
+        backups = plugin.backups
+        method = spec.method or backups.methods[0]
+        if method not in backups.methods:
             return self.failed(
                 "UnsupportedMethod",
-                f"spec.method: {plugin.kind} backups are {' or '.join(plugin.backup_methods)}, not {method}",
+                f"spec.method: {plugin.kind} backups are {' or '.join(backups.methods)}, not {method}",
             )
         storage_ref, service_ref = Ref("BackupStorage", spec.storage), Ref(plugin.kind, spec.service.name)
         waiting = frozenset({storage_ref, service_ref})
@@ -237,7 +246,7 @@ class BackupKind(JobKind):
             where = location(s3.prefix, namespace, plugin.kind, spec.service.name, meta["name"], meta["uid"])
             request = {
                 "action": "backup",
-                "driver": plugin.backup_driver,
+                "driver": backups.driver,
                 "storage": s3.to_api(),
                 "location": where,
                 "method": method,
@@ -250,7 +259,7 @@ class BackupKind(JobKind):
                 "backup",
                 request,
                 s3,
-                plugin.backup_env(spec.service.name),
+                backups.job_env(spec.service.name),
                 spec.deadline_seconds,
             )
             fields = {

@@ -32,6 +32,7 @@ from backup.resources import (
     BackupKind,
     BackupSpec,
     JobKind,
+    backups_of,
     now_iso,
     ready_condition,
     storage_client,
@@ -125,13 +126,9 @@ def replace_refusal(spec: RestoreSpec, plugin: ServicePlugin, method: str) -> tu
             f"spec.target.name: {kind} {spec.target.name} exists: restore into a new instance, or set "
             "spec.target.replace to replace its data with the backup's",
         )
-    in_place = plugin.restores_in_place and method in plugin.bootstrap_methods
-    if method not in plugin.replaces_online and not in_place:
-        others = [
-            m
-            for m in plugin.backup_methods
-            if m in plugin.replaces_online or (plugin.restores_in_place and m in plugin.bootstrap_methods)
-        ]
+    backups = backups_of(plugin)
+    if method not in backups.replaces_online + backups.in_place_methods():
+        others = [m for m in backups.methods if m in backups.replaces_online + backups.in_place_methods()]
         alternative = f", or restore a {' or '.join(others)} backup in place" if others else ""
         return (
             "ReplaceRefused",
@@ -236,7 +233,7 @@ class RestoreKind(JobKind):
                 k: v for k, v in (backup_status.get("instanceSpec") or {}).items() if k != "switchover"
             }
             try:
-                target_spec = plugin.restored_spec(
+                target_spec = backups_of(plugin).restored_spec(
                     {**recorded, **spec.target.spec}, backup_status.get("version") or "", method
                 )
             except ValueError as error:
@@ -270,7 +267,7 @@ class RestoreKind(JobKind):
             refusal = replace_refusal(spec, plugin, method)
             if refusal:
                 return self.failed(*refusal)
-            if method in plugin.bootstrap_methods:
+            if method in backups_of(plugin).bootstrap_methods:
                 return await self.restore_in_place(
                     client,
                     body,
@@ -310,16 +307,18 @@ class RestoreKind(JobKind):
             # A logical backup is restored into the running instance; a physical one (a bootstrap
             # method) already is its data: the Job checks that it is this backup's, and reads it.
             request = {
-                "action": "check" if method in plugin.bootstrap_methods else "restore",
-                "driver": plugin.backup_driver,
+                "action": "check" if method in backups_of(plugin).bootstrap_methods else "restore",
+                "driver": backups_of(plugin).driver,
                 "storage": s3.to_api(),
                 "location": location_prefix,
             }
             if replacing:
                 request["replace"] = replace_token(meta["uid"])
-            if spec.check or method in plugin.bootstrap_methods:
+            if spec.check or method in backups_of(plugin).bootstrap_methods:
                 request["check"] = (spec.check or RestoreCheck()).to_api()
-            await self.start_job(client, body, "restore", request, s3, plugin.backup_env(spec.target.name))
+            await self.start_job(
+                client, body, "restore", request, s3, backups_of(plugin).job_env(spec.target.name)
+            )
             return Outcome(
                 False,
                 "Running",
@@ -434,7 +433,7 @@ class RestoreKind(JobKind):
                 )
             request = {
                 "action": "rollback",
-                "driver": plugin.backup_driver,
+                "driver": backups_of(plugin).driver,
                 "storage": s3.to_api(),
                 "replace": replace_token(meta["uid"]),
             }
@@ -449,7 +448,7 @@ class RestoreKind(JobKind):
                 "rollback",
                 request,
                 s3,
-                plugin.backup_env(spec.target.name),
+                backups_of(plugin).job_env(spec.target.name),
                 retries=ROLLBACK_RETRIES,
                 owned_by=owned_by,
             )
@@ -518,7 +517,7 @@ class RestoreKind(JobKind):
             if not claimed:
                 running = str((target.get("status") or {}).get("version") or "")
                 try:  # a data directory starts on its own major version only
-                    plugin.restored_spec({"version": running}, str(backup_version), "physical")
+                    backups_of(plugin).restored_spec({"version": running}, str(backup_version), "physical")
                 except ValueError as error:
                     return self.failed("TargetRefused", f"spec.target.name: {instance} is at {error}")
                 if not ready_condition(target):
@@ -584,13 +583,15 @@ class RestoreKind(JobKind):
                 )
             request = {
                 "action": "check",
-                "driver": plugin.backup_driver,
+                "driver": backups_of(plugin).driver,
                 "storage": s3.to_api(),
                 "location": location_prefix,
                 "replace": token,
                 "check": (spec.check or RestoreCheck()).to_api(),
             }
-            await self.start_job(client, body, "restore", request, s3, plugin.backup_env(spec.target.name))
+            await self.start_job(
+                client, body, "restore", request, s3, backups_of(plugin).job_env(spec.target.name)
+            )
             name = job_name(meta["name"], "restore")
             return Outcome(
                 False,
@@ -758,7 +759,7 @@ class RestoreKind(JobKind):
         keys = decoded(storage_secret or {})
         request = {
             "action": "bootstrap",
-            "driver": plugin.backup_driver,
+            "driver": backups_of(plugin).driver,
             "storage": s3.to_api(),
             "location": location_prefix,
         }

@@ -3,7 +3,7 @@ servicebinding.io expects (https://servicebinding.io/spec/core/1.1.0/).
 
 Two levels: the binding creates the service's user resource (e.g. `<Kind>User`), whose own
 controller makes the user inside the service; once that user is ready, the binding writes the
-Secret from the plugin's `binding_data`. Both are owned by the binding, so deleting it removes
+Secret from the plugin's `bindings.secret_data`. Both are owned by the binding, so deleting it removes
 them, and the user resource's finalizer removes the user from the service. The binding's
 status carries `binding.name`, the Provisioned Service duck type: a servicebinding.io
 implementation can project the Secret into workloads.
@@ -95,8 +95,8 @@ class ServiceBindingKind(InServiceKind):
         namespace, name = meta["namespace"], meta["name"]
         secret_name = spec.secret_name or name
         plugin = self.plugins.get(spec.service.kind)
-        bindable = sorted(p.kind for p in self.plugins.values() if p.user_kind)
-        if plugin is None or plugin.user_kind is None:
+        bindable = sorted(p.kind for p in self.plugins.values() if p.bindings)
+        if plugin is None or plugin.bindings is None:
             return Outcome(
                 False,
                 "UnknownService",
@@ -112,7 +112,8 @@ class ServiceBindingKind(InServiceKind):
                 f"{namespace}; the binding completes once it does",
                 depends_on=frozenset({service_ref}),
             )
-        user_kind = next(k for k in plugin.in_service_kinds() if k.kind == plugin.user_kind)
+        bindings = plugin.bindings
+        user_kind = next(k for k in plugin.in_service_kinds() if k.kind == bindings.user_kind)
         user_ref = Ref(user_kind.kind, name)
         waiting = frozenset({service_ref, user_ref})
         existing = await get_or_none(client, user_kind.resource(), name, namespace)
@@ -123,7 +124,7 @@ class ServiceBindingKind(InServiceKind):
                 f"{user_kind.kind} {name} exists and does not belong to this binding: rename one of them",
                 depends_on=waiting,
             )
-        desired = build_user(body, user_kind.kind, plugin.binding_user(name, spec.service.name))
+        desired = build_user(body, user_kind.kind, bindings.user_spec(name, spec.service.name))
         user = (await client.apply(codecs.from_dict(desired), field_manager=MANAGER, force=True)).to_dict()
         ready = conditions.find((user.get("status") or {}).get("conditions"), conditions.READY)
         if not ready or ready.get("status") != "True":
@@ -149,7 +150,7 @@ class ServiceBindingKind(InServiceKind):
                 depends_on=depends,
             )
         ca = None
-        if plugin.tls_hosts(spec.service.name, namespace):
+        if plugin.tls is not None:
             tls_name = f"{spec.service.name}-{TLS_SERVER}"
             tls = await get_or_none(client, Secret, tls_name, namespace)
             if tls is None:
@@ -161,7 +162,7 @@ class ServiceBindingKind(InServiceKind):
                     retry_in=10,
                 )
             ca = decoded(tls).get("ca.crt")
-        data = plugin.binding_data(service, user, decoded(credentials), ca)
+        data = bindings.secret_data(service, user, decoded(credentials), ca)
         await client.apply(
             codecs.from_dict(build_secret(body, secret_name, data)), field_manager=MANAGER, force=True
         )

@@ -112,7 +112,7 @@ class Operator:
                 secrets[generated.suffix] = secret
         tls_status = (body.get("status") or {}).get("tls") or {}
         cert_manager, certificate, ca_certificate = False, None, None
-        if plugin.tls_hosts(name, namespace):
+        if plugin.tls is not None:
             # Read on resyncs (a certificate is renewed weeks before it expires), and until the
             # status shows one issued (an instance from before TLS gets them at once).
             issued = bool(tls_status.get("notAfter"))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import secrets
 import string
 import sys
+from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -119,6 +120,73 @@ class ServiceStatus:
     fields: dict[str, Any] = field(default_factory=dict)  # extra status fields (primary, endpoints)
 
 
+class Tls(ABC):
+    """Instances that serve TLS: the framework keeps a CA (`<name>-ca`) and a server
+    certificate (`<name>-tls`: tls.crt, tls.key, ca.crt) for each, renewed before they expire
+    (`framework.certificates`), made by cert-manager when it is installed."""
+
+    @abstractmethod
+    def hosts(self, name: str, namespace: str) -> list[str]:
+        """The DNS names the server certificate of instance `name` carries."""
+
+
+class Bindings(ABC):
+    """A service applications bind to with a `ServiceBinding`: the binding makes a user
+    resource of `user_kind` (one of the plugin's `in_service_kinds`), then a Secret."""
+
+    user_kind: ClassVar[str]
+
+    @abstractmethod
+    def user_spec(self, binding: str, instance: str) -> dict[str, Any]:
+        """The spec of the user resource a ServiceBinding named `binding` creates."""
+
+    @abstractmethod
+    def secret_data(
+        self, service: dict[str, Any], user: dict[str, Any], credentials: dict[str, str], ca: str | None
+    ) -> dict[str, str]:
+        """The binding Secret's entries as servicebinding.io lays them out (type, provider,
+        host, port, username, password, database, uri ...), from the service resource, the
+        ready user resource, its credentials Secret and the instance's CA (PEM, None without
+        TLS). Pure."""
+
+
+class Backups(ABC):
+    """A service with backups (`Backup`, `BackupPlan`, `Restore`): the Jobs run its driver."""
+
+    # The module of the driver the backup Jobs run (`backup.driver.Driver`, exposed as `DRIVER`,
+    # in the service's own folder), and its methods, the default first.
+    driver: ClassVar[str]
+    methods: ClassVar[tuple[str, ...]]
+    # Methods whose backup becomes a new instance's data before its server starts (an init
+    # container runs the driver's `bootstrap`, e.g. physical). Any other method is restored
+    # by a Job into the running instance.
+    bootstrap_methods: ClassVar[tuple[str, ...]] = ()
+    # Methods a Restore may restore over an existing instance by a Job (`target.replace`: the
+    # driver's `restore` with a token, `roll_back` and `commit`, e.g. logical).
+    replaces_online: ClassVar[tuple[str, ...]] = ()
+    # A physical backup restored over a running instance (`backup.in_place`): the plugin
+    # stops the instance, takes the backup in an init container and answers in status.
+    restores_in_place: ClassVar[bool] = False
+    # The spec fields of the smallest instance (a BackupPlan's restore tests make throwaways).
+    throwaway_spec: ClassVar[dict[str, Any]]
+
+    @abstractmethod
+    def job_env(self, name: str) -> list[dict[str, Any]]:
+        """The environment (container `env` entries) with which a backup or restore Job reaches
+        instance `name` in its namespace: host, port, credentials from the instance's Secrets."""
+
+    def restored_spec(self, recorded: dict[str, Any], version: str, method: str) -> dict[str, Any]:
+        """The spec of a new instance made from a backup: the spec the backup recorded (with the
+        Restore's changes over it), the server `version` and `method` of the backup. Raises
+        ValueError (naming the field) when that backup cannot start such an instance. As
+        recorded, unless the service says otherwise."""
+        return recorded
+
+    def in_place_methods(self) -> tuple[str, ...]:
+        """The methods restored over an existing instance in place (stopped), not by a Job."""
+        return self.bootstrap_methods if self.restores_in_place else ()
+
+
 class ServicePlugin:
     kind: ClassVar[str]
     plural: ClassVar[str]
@@ -148,62 +216,15 @@ class ServicePlugin:
         path = Path(module).parent / "catalog.yaml"
         return ServiceCatalog.model_validate(yaml.safe_load(path.read_text()))
 
-    def tls_hosts(self, name: str, namespace: str) -> list[str]:
-        """The DNS names an instance's server certificate carries; empty: no TLS. The framework
-        keeps a CA (`<name>-ca`) and a server certificate (`<name>-tls`: tls.crt, tls.key,
-        ca.crt) for it, renewed before they expire (`framework.certificates`)."""
-        return []
-
-    # Bindings: the kind of the user resource a ServiceBinding creates (e.g. `<Kind>User`),
-    # None when the service takes no bindings.
-    user_kind: ClassVar[str | None] = None
+    # Optional capabilities: each one a plugin has, it implements entirely; None: it has not.
+    tls: Tls | None = None
+    bindings: Bindings | None = None
+    backups: Backups | None = None
 
     def in_service_kinds(self) -> list[Any]:
         """The plugin's kinds of objects inside an instance (`framework.inservice.InServiceKind`):
         users, databases, vhosts. Their controller is the framework's."""
         return []
-
-    def binding_user(self, binding: str, instance: str) -> dict[str, Any]:
-        """The spec of the user resource (`user_kind`) a ServiceBinding named `binding` creates."""
-        raise NotImplementedError(f"{self.kind} takes no bindings")
-
-    def binding_data(
-        self, service: dict[str, Any], user: dict[str, Any], credentials: dict[str, str], ca: str | None
-    ) -> dict[str, str]:
-        """The binding Secret's entries as servicebinding.io lays them out (type, provider,
-        host, port, username, password, database, uri ...), from the service resource, the
-        ready user resource, its credentials Secret and the instance's CA (PEM, None without
-        TLS). Pure."""
-        raise NotImplementedError(f"{self.kind} takes no bindings")
-
-    # Backups: the module of the driver the backup Jobs run (`backup.driver.Driver`, exposed as
-    # `DRIVER`, in the service's own folder), None when the
-    # service has none; its methods, the default first.
-    backup_driver: ClassVar[str | None] = None
-    backup_methods: ClassVar[tuple[str, ...]] = ()
-    # Methods whose backup becomes a new instance's data before its server starts (an init
-    # container runs the driver's `bootstrap`, e.g. physical). Any other method is restored
-    # by a Job into the running instance.
-    bootstrap_methods: ClassVar[tuple[str, ...]] = ()
-    # The spec fields of the smallest instance (a BackupPlan's restore tests make throwaways).
-    throwaway_spec: ClassVar[dict[str, Any]] = {}
-    # Methods a Restore may restore over an existing instance by a Job (`target.replace`: the
-    # driver's `restore` with a token, `roll_back` and `commit`, e.g. logical).
-    replaces_online: ClassVar[tuple[str, ...]] = ()
-    # A physical backup restored over a running instance (`backup.in_place`): the plugin
-    # stops the instance, takes the backup in an init container and answers in status.
-    restores_in_place: ClassVar[bool] = False
-
-    def backup_env(self, name: str) -> list[dict[str, Any]]:
-        """The environment (container `env` entries) with which a backup or restore Job reaches
-        instance `name` in its namespace: host, port, credentials from the instance's Secrets."""
-        raise NotImplementedError(f"{self.kind} has no backups")
-
-    def restored_spec(self, recorded: dict[str, Any], version: str, method: str) -> dict[str, Any]:
-        """The spec of a new instance made from a backup: the spec the backup recorded (with the
-        Restore's changes over it), the server `version` and `method` of the backup. Raises
-        ValueError (naming the field) when that backup cannot start such an instance."""
-        return recorded
 
     def refuse_version(self, spec: BaseModel, version: ResolvedVersion, observed: Observed) -> str | None:
         """Why the server the catalog gives for this version (its `flavor`) cannot serve `spec`,

@@ -179,10 +179,10 @@ def plan_instance_tls(
     plugin: ServicePlugin, observed: Observed, labels: dict[str, str], owner: dict[str, Any], now: float
 ) -> InstanceTls:
     """The CA and server certificate Secrets to (re)write, when they were read and need it."""
-    hosts = plugin.tls_hosts(observed.name, observed.namespace)
-    ca, server = observed.secrets.get(TLS_CA), observed.secrets.get(TLS_SERVER)
-    if not hosts:
+    if plugin.tls is None:
         return InstanceTls()
+    hosts = plugin.tls.hosts(observed.name, observed.namespace)
+    ca, server = observed.secrets.get(TLS_CA), observed.secrets.get(TLS_SERVER)
     tls_status = observed.status.get("tls") or {}
     if choose_tls_provider(tls_status, server, observed.cert_manager) == CERT_MANAGER:
         return plan_cert_manager_tls(observed, hosts, labels, owner, now)

@@ -23,6 +23,8 @@ from framework.kube.api import EventNote
 from framework.kube.meta import content_hash
 from framework.kube.pods import pod_ip
 from framework.plugin import (
+    Backups,
+    Bindings,
     GeneratedSecret,
     Inspection,
     Observed,
@@ -94,54 +96,14 @@ def standalone_answer(observed: Observed) -> Hello | None:
     return (facts.members.current(observed) if facts else {}).get(f"{observed.name}-0")
 
 
-class MongoDBPlugin(ServicePlugin):
-    kind = "MongoDB"
-    plural = "mongodbs"
-    short_names = ("mdb",)
-    service = "mongodb"
-    spec_model = MongoDBSpec
-    generated_secrets = (ROOT, KEYFILE)
-    child_kinds = ("Service", "PodDisruptionBudget", "StatefulsetRollout")
+class MongoDBBindings(Bindings):
     user_kind = "MongoDBUser"
-    backup_driver = "services.mongodb.backup_driver"
-    backup_methods = ("dump",)
-    throwaway_spec: ClassVar[dict[str, Any]] = {"members": 1}
 
-    def refuse_version(self, spec: MongoDBSpec, version: ResolvedVersion, observed: Observed) -> str | None:
-        flavor, before = flavor_of(version), observed.status.get("flavor")
-        if before and flavor != before:
-            return (
-                f"spec.version: {version.version} is served by {flavor}, and this instance's data is "
-                f"{before}'s: the server cannot change under it; back it up, restore it into a new instance"
-            )
-        if flavor == FERRETDB and spec.members > 1:
-            return (
-                f"spec.members: version {version.version} is served here by FerretDB, which has no "
-                "replication: it runs 1 member"
-            )
-        return None
-
-    def refuse_change(self, spec: MongoDBSpec, observed: Observed) -> str | None:
-        return refuse_storage_change(spec.storage, observed)
-
-    def backup_env(self, name: str) -> list[dict[str, Any]]:
-        def secret(variable: str, key: str) -> dict[str, Any]:
-            return {"name": variable, "valueFrom": {"secretKeyRef": {"name": ROOT.name(name), "key": key}}}
-
-        return [
-            {"name": "MONGODB_HOST", "value": name},
-            secret("MONGODB_USERNAME", "username"),
-            secret("MONGODB_PASSWORD", "password"),
-        ]
-
-    def in_service_kinds(self) -> list[Any]:
-        return [MongoDBUserKind(SERVERS, self.resource())]
-
-    def binding_user(self, binding: str, instance: str) -> dict[str, Any]:
+    def user_spec(self, binding: str, instance: str) -> dict[str, Any]:
         # Each application its own user, owning a database named after the binding.
         return {"instance": instance, "database": binding}
 
-    def binding_data(
+    def secret_data(
         self, service: dict[str, Any], user: dict[str, Any], credentials: dict[str, str], ca: str | None
     ) -> dict[str, str]:
         meta, status = service["metadata"], user["status"]
@@ -161,6 +123,54 @@ class MongoDBPlugin(ServicePlugin):
             "uri": f"mongodb://{quote(username, safe='')}:{quote(password, safe='')}@{','.join(hosts)}/"
             f"{quote(database, safe='')}?{options}",
         }
+
+
+class MongoDBBackups(Backups):
+    driver = "services.mongodb.backup_driver"
+    methods = ("dump",)
+    throwaway_spec: ClassVar[dict[str, Any]] = {"members": 1}
+
+    def job_env(self, name: str) -> list[dict[str, Any]]:
+        def secret(variable: str, key: str) -> dict[str, Any]:
+            return {"name": variable, "valueFrom": {"secretKeyRef": {"name": ROOT.name(name), "key": key}}}
+
+        return [
+            {"name": "MONGODB_HOST", "value": name},
+            secret("MONGODB_USERNAME", "username"),
+            secret("MONGODB_PASSWORD", "password"),
+        ]
+
+
+class MongoDBPlugin(ServicePlugin):
+    kind = "MongoDB"
+    plural = "mongodbs"
+    short_names = ("mdb",)
+    service = "mongodb"
+    spec_model = MongoDBSpec
+    generated_secrets = (ROOT, KEYFILE)
+    child_kinds = ("Service", "PodDisruptionBudget", "StatefulsetRollout")
+    bindings = MongoDBBindings()
+    backups = MongoDBBackups()
+
+    def refuse_version(self, spec: MongoDBSpec, version: ResolvedVersion, observed: Observed) -> str | None:
+        flavor, before = flavor_of(version), observed.status.get("flavor")
+        if before and flavor != before:
+            return (
+                f"spec.version: {version.version} is served by {flavor}, and this instance's data is "
+                f"{before}'s: the server cannot change under it; back it up, restore it into a new instance"
+            )
+        if flavor == FERRETDB and spec.members > 1:
+            return (
+                f"spec.members: version {version.version} is served here by FerretDB, which has no "
+                "replication: it runs 1 member"
+            )
+        return None
+
+    def refuse_change(self, spec: MongoDBSpec, observed: Observed) -> str | None:
+        return refuse_storage_change(spec.storage, observed)
+
+    def in_service_kinds(self) -> list[Any]:
+        return [MongoDBUserKind(SERVERS, self.resource())]
 
     def template_context(
         self, spec: MongoDBSpec, version: ResolvedVersion, observed: Observed

@@ -19,12 +19,15 @@ from framework.kube.api import EventNote
 from framework.kube.meta import content_hash
 from framework.kube.pods import pod_ip
 from framework.plugin import (
+    Backups,
+    Bindings,
     GeneratedSecret,
     Inspection,
     Observed,
     Operations,
     ServicePlugin,
     ServiceStatus,
+    Tls,
     UnknownAction,
 )
 from framework.volumes import claim_context, refuse_storage_change
@@ -109,67 +112,19 @@ def major(version: str) -> str:
     return version.split(".", 1)[0]
 
 
-class PostgresPlugin(ServicePlugin):
-    kind = "Postgres"
-    plural = "postgreses"
-    short_names = ("pg",)
-    service = "postgres"
-    spec_model = PostgresSpec
-    generated_secrets = (SUPERUSER, REPLICATION)
-    commands = postgres_commands
-    # The StatefulSet is left to a StatefulsetRollout: replicas first, the primary last.
-    child_kinds = ("ConfigMap", "Service", "PodDisruptionBudget", "StatefulsetRollout")
-    user_kind = "PostgresUser"
-    backup_driver = "services.postgres.backup_driver"
-    # A new primary is promoted once <name>-rw lets go of the old.
-    rbac_rules = ({"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["list"]},)
-    backup_methods = ("physical", "logical")
-    bootstrap_methods = ("physical",)
-    throwaway_spec: ClassVar[dict[str, Any]] = {"instances": 1}
-    replaces_online = ("logical",)
-    restores_in_place = True
-
-    def restored_spec(self, recorded: dict[str, Any], version: str, method: str) -> dict[str, Any]:
-        if method != "physical":
-            return recorded  # pg_restore loads into any newer major version too
-        # A physical copy starts only on its own major version.
-        wanted = major(version)
-        if recorded.get("version") and major(str(recorded["version"])) != wanted:
-            raise ValueError(
-                f"version {recorded['version']}: a physical backup of PostgreSQL {version} "
-                f"runs on {wanted} only"
-            )
-        return {**recorded, "version": wanted}
-
-    def backup_env(self, name: str) -> list[dict[str, Any]]:
-        def secret(variable: str, generated: GeneratedSecret, key: str) -> dict[str, Any]:
-            return {
-                "name": variable,
-                "valueFrom": {"secretKeyRef": {"name": generated.name(name), "key": key}},
-            }
-
-        return [
-            {"name": "PGHOST", "value": f"{name}-rw"},
-            {"name": "PGPORT", "value": "5432"},
-            {"name": "PGSSLMODE", "value": "require"},
-            {"name": "PGCONNECT_TIMEOUT", "value": "10"},
-            secret("PGUSER", SUPERUSER, "username"),
-            secret("PGPASSWORD", SUPERUSER, "password"),
-            secret("REPLICATION_USER", REPLICATION, "username"),
-            secret("REPLICATION_PASSWORD", REPLICATION, "password"),
-        ]
-
-    def in_service_kinds(self) -> list[Any]:
-        return [USERS]
-
-    def tls_hosts(self, name: str, namespace: str) -> list[str]:
+class PostgresTls(Tls):
+    def hosts(self, name: str, namespace: str) -> list[str]:
         return service_hosts([f"{name}-rw", f"{name}-ro", name], namespace, pods_of=name)
 
-    def binding_user(self, binding: str, instance: str) -> dict[str, Any]:
+
+class PostgresBindings(Bindings):
+    user_kind = "PostgresUser"
+
+    def user_spec(self, binding: str, instance: str) -> dict[str, Any]:
         # Each application its own role and its own database, named after the binding.
         return {"instance": instance, "ownDatabase": True}
 
-    def binding_data(
+    def secret_data(
         self, service: dict[str, Any], user: dict[str, Any], credentials: dict[str, str], ca: str | None
     ) -> dict[str, str]:
         meta, status = service["metadata"], user["status"]
@@ -189,6 +144,65 @@ class PostgresPlugin(ServicePlugin):
             "database": database,
             "uri": f"postgresql://{quote(username)}:{quote(password, safe='')}@{host}:5432/{quote(database)}",
         }
+
+
+class PostgresBackups(Backups):
+    driver = "services.postgres.backup_driver"
+    methods = ("physical", "logical")
+    bootstrap_methods = ("physical",)
+    replaces_online = ("logical",)
+    restores_in_place = True
+    throwaway_spec: ClassVar[dict[str, Any]] = {"instances": 1}
+
+    def restored_spec(self, recorded: dict[str, Any], version: str, method: str) -> dict[str, Any]:
+        if method != "physical":
+            return recorded  # pg_restore loads into any newer major version too
+        # A physical copy starts only on its own major version.
+        wanted = major(version)
+        if recorded.get("version") and major(str(recorded["version"])) != wanted:
+            raise ValueError(
+                f"version {recorded['version']}: a physical backup of PostgreSQL {version} "
+                f"runs on {wanted} only"
+            )
+        return {**recorded, "version": wanted}
+
+    def job_env(self, name: str) -> list[dict[str, Any]]:
+        def secret(variable: str, generated: GeneratedSecret, key: str) -> dict[str, Any]:
+            return {
+                "name": variable,
+                "valueFrom": {"secretKeyRef": {"name": generated.name(name), "key": key}},
+            }
+
+        return [
+            {"name": "PGHOST", "value": f"{name}-rw"},
+            {"name": "PGPORT", "value": "5432"},
+            {"name": "PGSSLMODE", "value": "require"},
+            {"name": "PGCONNECT_TIMEOUT", "value": "10"},
+            secret("PGUSER", SUPERUSER, "username"),
+            secret("PGPASSWORD", SUPERUSER, "password"),
+            secret("REPLICATION_USER", REPLICATION, "username"),
+            secret("REPLICATION_PASSWORD", REPLICATION, "password"),
+        ]
+
+
+class PostgresPlugin(ServicePlugin):
+    kind = "Postgres"
+    plural = "postgreses"
+    short_names = ("pg",)
+    service = "postgres"
+    spec_model = PostgresSpec
+    generated_secrets = (SUPERUSER, REPLICATION)
+    commands = postgres_commands
+    # The StatefulSet is left to a StatefulsetRollout: replicas first, the primary last.
+    child_kinds = ("ConfigMap", "Service", "PodDisruptionBudget", "StatefulsetRollout")
+    # A new primary is promoted once <name>-rw lets go of the old.
+    rbac_rules = ({"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["list"]},)
+    tls = PostgresTls()
+    bindings = PostgresBindings()
+    backups = PostgresBackups()
+
+    def in_service_kinds(self) -> list[Any]:
+        return [USERS]
 
     def refuse_change(self, spec: PostgresSpec, observed: Observed) -> str | None:
         running = observed.status.get("version")

@@ -21,6 +21,8 @@ from framework.kube.jobs import read_job
 from framework.kube.meta import content_hash, owner_reference
 from framework.kube.pods import pod_ip
 from framework.plugin import (
+    Backups,
+    Bindings,
     GeneratedSecret,
     Inspection,
     Observed,
@@ -84,42 +86,14 @@ def cluster_view(spec: RabbitMQSpec, observed: Observed) -> ClusterView:
     return read_cluster(observed.name, observed.namespace, spec.replicas, answers)
 
 
-class RabbitMQPlugin(ServicePlugin):
-    kind = "RabbitMQ"
-    plural = "rabbitmqs"
-    short_names = ("rmq",)
-    service = "rabbitmq"
-    spec_model = RabbitMQSpec
-    generated_secrets = (DEFAULT_USER, ERLANG_COOKIE)
-    child_kinds = ("ConfigMap", "Service", "PodDisruptionBudget", "StatefulsetRollout")
+class RabbitMQBindings(Bindings):
     user_kind = "RabbitMQUser"
-    backup_driver = "services.rabbitmq.backup_driver"
-    # A scale-down runs RabbitMQ's CLI in Jobs.
-    rbac_rules = ({"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["get", "create", "delete"]},)
-    backup_methods = ("definitions",)
-    throwaway_spec: ClassVar[dict[str, Any]] = {"replicas": 1}
 
-    def backup_env(self, name: str) -> list[dict[str, Any]]:
-        def secret(variable: str, key: str) -> dict[str, Any]:
-            return {
-                "name": variable,
-                "valueFrom": {"secretKeyRef": {"name": DEFAULT_USER.name(name), "key": key}},
-            }
-
-        return [
-            {"name": "RABBITMQ_MANAGEMENT_URL", "value": f"http://{name}:15672"},
-            secret("RABBITMQ_USERNAME", "username"),
-            secret("RABBITMQ_PASSWORD", "password"),
-        ]
-
-    def in_service_kinds(self) -> list[Any]:
-        return list(ACCESS_KINDS)
-
-    def binding_user(self, binding: str, instance: str) -> dict[str, Any]:
+    def user_spec(self, binding: str, instance: str) -> dict[str, Any]:
         # Each application its own user and its own vhost, named after the binding.
         return {"instance": instance, "ownVhost": True}
 
-    def binding_data(
+    def secret_data(
         self, service: dict[str, Any], user: dict[str, Any], credentials: dict[str, str], ca: str | None
     ) -> dict[str, str]:
         meta, status = service["metadata"], user["status"]
@@ -136,6 +110,42 @@ class RabbitMQPlugin(ServicePlugin):
             "uri": f"amqp://{quote(username, safe='')}:{quote(password, safe='')}@{host}:5672/"
             + quote(vhost, safe=""),
         }
+
+
+class RabbitMQBackups(Backups):
+    driver = "services.rabbitmq.backup_driver"
+    methods = ("definitions",)
+    throwaway_spec: ClassVar[dict[str, Any]] = {"replicas": 1}
+
+    def job_env(self, name: str) -> list[dict[str, Any]]:
+        def secret(variable: str, key: str) -> dict[str, Any]:
+            return {
+                "name": variable,
+                "valueFrom": {"secretKeyRef": {"name": DEFAULT_USER.name(name), "key": key}},
+            }
+
+        return [
+            {"name": "RABBITMQ_MANAGEMENT_URL", "value": f"http://{name}:15672"},
+            secret("RABBITMQ_USERNAME", "username"),
+            secret("RABBITMQ_PASSWORD", "password"),
+        ]
+
+
+class RabbitMQPlugin(ServicePlugin):
+    kind = "RabbitMQ"
+    plural = "rabbitmqs"
+    short_names = ("rmq",)
+    service = "rabbitmq"
+    spec_model = RabbitMQSpec
+    generated_secrets = (DEFAULT_USER, ERLANG_COOKIE)
+    child_kinds = ("ConfigMap", "Service", "PodDisruptionBudget", "StatefulsetRollout")
+    # A scale-down runs RabbitMQ's CLI in Jobs.
+    rbac_rules = ({"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["get", "create", "delete"]},)
+    bindings = RabbitMQBindings()
+    backups = RabbitMQBackups()
+
+    def in_service_kinds(self) -> list[Any]:
+        return list(ACCESS_KINDS)
 
     def refuse_change(self, spec: RabbitMQSpec, observed: Observed) -> str | None:
         refusal = scale_down_step(spec, observed).refusal if scaling_down(spec.replicas, observed) else None

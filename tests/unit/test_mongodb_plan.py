@@ -156,13 +156,13 @@ def test_a_binding_gets_a_mongodb_uri_with_its_own_database_as_auth_source() -> 
             "replicaSet": "catalog",
         }
     }
-    data = PLUGIN.binding_data(service, user, {"password": "p@ss/word"}, None)
+    data = PLUGIN.bindings.secret_data(service, user, {"password": "p@ss/word"}, None)
     assert data["type"] == "mongodb"
     assert data["uri"] == (
         "mongodb://shop:p%40ss%2Fword@catalog-0.catalog-nodes.apps.svc:27017,"
         "catalog-1.catalog-nodes.apps.svc:27017/shop?authSource=shop&replicaSet=catalog"
     )
-    assert PLUGIN.binding_user("shop", "catalog") == {"instance": "catalog", "database": "shop"}
+    assert PLUGIN.bindings.user_spec("shop", "catalog") == {"instance": "catalog", "database": "shop"}
 
 
 def wanted(**change: Any) -> WantedUser:

@@ -24,7 +24,7 @@ def test_an_action_a_plugin_does_not_carry_out_is_an_error_not_skipped(plugin: S
 
 @pytest.mark.parametrize("plugin", PLUGINS, ids=[p.service for p in PLUGINS])
 def test_every_in_process_hook_the_templates_name_is_one_the_plugin_offers(plugin: ServicePlugin) -> None:
-    spec = {**plugin.throwaway_spec, "storage": {"size": "1Gi"}}
+    spec = {**plugin.backups.throwaway_spec, "storage": {"size": "1Gi"}} if plugin.backups else {}
     observed = Observed(name="demo", namespace="apps", generation=1, spec=spec, status={})
     planned = plan(plugin, observed, load_catalog(PLUGINS), "uid")
     (rollout,) = [child for child in planned.children if child["kind"] == "StatefulsetRollout"]
@@ -45,3 +45,10 @@ def test_a_rollout_hook_two_plugins_offer_is_refused() -> None:
     )
     with pytest.raises(PluginError, match=f"{second.service} offers the rollout hook"):
         in_process_hooks([first, twice])
+
+
+@pytest.mark.parametrize("plugin", PLUGINS, ids=[p.service for p in PLUGINS])
+def test_the_user_kind_a_binding_makes_is_one_of_the_plugin_s_kinds(plugin: ServicePlugin) -> None:
+    if plugin.bindings is None:
+        pytest.skip(f"{plugin.kind} takes no bindings")
+    assert plugin.bindings.user_kind in [kind.kind for kind in plugin.in_service_kinds()]

@@ -381,10 +381,13 @@ def test_an_instance_made_from_a_backup_fetches_it_before_its_server_starts() ->
 
 
 def test_a_physical_backup_starts_only_its_own_major_version() -> None:
-    assert PLUGIN.restored_spec({"instances": 2}, "15.14", "physical") == {"instances": 2, "version": "15"}
+    assert PLUGIN.backups.restored_spec({"instances": 2}, "15.14", "physical") == {
+        "instances": 2,
+        "version": "15",
+    }
     with pytest.raises(ValueError, match="version 17"):
-        PLUGIN.restored_spec({"version": "17"}, "15.14", "physical")
-    assert PLUGIN.restored_spec({"version": "17"}, "15.14", "logical") == {"version": "17"}
+        PLUGIN.backups.restored_spec({"version": "17"}, "15.14", "physical")
+    assert PLUGIN.backups.restored_spec({"version": "17"}, "15.14", "logical") == {"version": "17"}
 
 
 def cert_manager_secret(

@@ -116,7 +116,7 @@ def test_bad_role_names_are_refused_naming_the_field() -> None:
 def test_the_binding_secret_is_laid_out_as_servicebinding_io_expects() -> None:
     service = {"metadata": {"name": "demo", "namespace": "apps"}}
     user = {"status": {"role": "orders-db", "database": "orders-db"}}
-    data = PLUGIN.binding_data(service, user, {"password": "p@ss/word"}, None)
+    data = PLUGIN.bindings.secret_data(service, user, {"password": "p@ss/word"}, None)
     assert data == {
         "type": "postgresql",
         "provider": "statefleet",
@@ -127,7 +127,7 @@ def test_the_binding_secret_is_laid_out_as_servicebinding_io_expects() -> None:
         "database": "orders-db",
         "uri": "postgresql://orders-db:p%40ss%2Fword@demo-rw.apps.svc:5432/orders-db",
     }
-    with_tls = PLUGIN.binding_data(service, user, {"password": "p@ss/word"}, "PEM")
+    with_tls = PLUGIN.bindings.secret_data(service, user, {"password": "p@ss/word"}, "PEM")
     assert with_tls == {**data, "ca.crt": "PEM", "sslrootcert": "PEM", "sslmode": "verify-full"}
 
 

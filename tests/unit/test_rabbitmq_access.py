@@ -139,7 +139,7 @@ def test_tags_of_both_shapes() -> None:
 def test_binding_data_is_a_servicebinding_io_rabbitmq_secret() -> None:
     service = {"metadata": {"name": "events", "namespace": "apps"}}
     user_body = {"status": {"username": "orders", "vhost": "orders"}}
-    data = PLUGIN.binding_data(service, user_body, {"password": "p@ss/word"}, None)
+    data = PLUGIN.bindings.secret_data(service, user_body, {"password": "p@ss/word"}, None)
     assert data == {
         "type": "rabbitmq",
         "provider": "statefleet",
@@ -150,7 +150,7 @@ def test_binding_data_is_a_servicebinding_io_rabbitmq_secret() -> None:
         "virtual-host": "orders",
         "uri": "amqp://orders:p%40ss%2Fword@events.apps.svc:5672/orders",
     }
-    assert PLUGIN.binding_user("orders", "events") == {"instance": "events", "ownVhost": True}
+    assert PLUGIN.bindings.user_spec("orders", "events") == {"instance": "events", "ownVhost": True}
 
 
 def test_a_permission_resource_never_takes_over_an_own_vhosts_grant() -> None:

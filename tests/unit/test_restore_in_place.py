@@ -217,7 +217,8 @@ def test_replace_is_refused_for_a_physical_backup_only_where_not_served() -> Non
         {"backup": "b", "target": {"kind": "Postgres", "name": "demo", "replace": True}}
     )
     assert replace_refusal(spec, PLUGIN, "physical") is None
-    not_served = type("NotInPlace", (type(PLUGIN),), {"restores_in_place": False})()
+    not_in_place = type("NotInPlace", (type(PLUGIN.backups),), {"restores_in_place": False})()
+    not_served = type("NotInPlace", (type(PLUGIN),), {"backups": not_in_place})()
     refusal = replace_refusal(spec, not_served, "physical")
     assert refusal is not None
     assert refusal[0] == "ReplaceRefused"
