@@ -11,8 +11,6 @@ instance is gone), and only then lets the object go.
 
 from __future__ import annotations
 
-import asyncio
-import fnmatch
 import logging
 import secrets
 from dataclasses import dataclass, field
@@ -33,8 +31,8 @@ from framework.kube.conditions import Condition
 from framework.kube.meta import GROUP, LABEL_MANAGED_BY, LABEL_PART_OF, MANAGER, VERSION, owner_reference
 from framework.kube.model import describe_validation_error
 from framework.kube.queue import WorkQueue
+from framework.kube.runtime import StatusWriter, resync_forever
 from framework.kube.secrets import decoded
-from framework.kube.status import status_changed, status_patch
 
 log = logging.getLogger("statefleet")
 
@@ -208,7 +206,7 @@ class InServiceController:
         self.watched = watched
         self.queue = WorkQueue(self._pass, self._describe, workers=8)
         self._depends: dict[Key, frozenset[Ref]] = {}
-        self._written: dict[Key, str] = {}
+        self.status = StatusWriter[Key](client)
 
     def _describe(self, key: Key) -> dict[str, Any]:
         return about(key[0], key[1], key[2])
@@ -221,7 +219,7 @@ class InServiceController:
                 key = (kind, meta["namespace"], meta["name"])
                 # Its own status write may be news to others (a binding waits for its user).
                 await self._dependency_changed(kind, meta["namespace"], meta["name"])
-                if self._written.get(key) == meta.get("resourceVersion"):
+                if self.status.is_echo(key, body):
                     return  # the echo of our own status write: nothing new for this object
                 await self.queue.process(key)
 
@@ -244,17 +242,10 @@ class InServiceController:
                 self.queue.soon(key)
 
     async def resync_forever(self, namespaces: list[str]) -> None:
-        while True:
-            await asyncio.sleep(RESYNC)
-            for kind, resource in self.resources.items():
-                try:
-                    async for item in self.client.list(resource, namespace="*"):
-                        namespace = item.metadata.namespace
-                        if namespaces and not any(fnmatch.fnmatchcase(namespace, p) for p in namespaces):
-                            continue
-                        self.queue.soon((kind, namespace, item.metadata.name))
-                except Exception:
-                    log.exception("resync of %s failed; next in %ss", kind, RESYNC)
+        def again(kind: str, namespace: str, name: str) -> None:
+            self.queue.soon((kind, namespace, name))
+
+        await resync_forever(self.client, self.resources, namespaces, RESYNC, again)
 
     async def _pass(self, key: Key, thorough: bool) -> float | None:
         kind_name, namespace, name = key
@@ -264,7 +255,7 @@ class InServiceController:
         except ApiError as error:
             if error.status.code == 404:
                 self._depends.pop(key, None)
-                self._written.pop(key, None)
+                self.status.forget(key)
                 self.queue.forget(key)
                 return None
             raise
@@ -325,21 +316,9 @@ class InServiceController:
         self._depends.pop(key, None)
 
     async def _record(self, key: Key, body: dict[str, Any], outcome: Outcome) -> None:
-        kind, namespace, name = key
+        kind = key[0]
         desired = plan_status(body, outcome)
         current = body.get("status") or {}
-        if status_changed(current, desired):
-            try:
-                written = await self.client.patch(
-                    self.resources[kind].Status,
-                    name,
-                    status_patch(current, desired),
-                    namespace=namespace,
-                    patch_type=PatchType.MERGE,
-                )
-                self._written[key] = written.metadata.resourceVersion
-            except ApiError as error:
-                if error.status.code != 404:
-                    raise
+        await self.status.write(key, self.resources[kind], body, current, desired, gone_ok=True)
         for note in [*transition_events(body, outcome), *outcome.events]:
             await post_event(self.client, kind, body, note)

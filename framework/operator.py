@@ -8,7 +8,6 @@ never overlap; requests that arrive during one are folded into a single rerun.
 from __future__ import annotations
 
 import asyncio
-import fnmatch
 import logging
 import time
 from collections.abc import Iterable
@@ -30,7 +29,7 @@ from framework.kube import metrics
 from framework.kube.api import EventNote, about, get_or_none, not_found, post_event
 from framework.kube.meta import GROUP, LABEL_INSTANCE, LABEL_MANAGED_BY, LABEL_NAME, MANAGER, VERSION
 from framework.kube.queue import WorkQueue
-from framework.kube.status import status_changed, status_patch
+from framework.kube.runtime import StatusWriter, resync_forever
 from framework.plugin import TLS_CA, TLS_SERVER, Inspection, Observed, ServicePlugin
 from framework.reconcile import Plan, plan
 from framework.rollout.controller import Rollout, RolloutController
@@ -64,7 +63,7 @@ class Operator:
         self.plugins = {plugin.service: plugin for plugin in plugins}
         self.queue = WorkQueue(self._reconcile_once, self._describe)
         self._readiness: dict[tuple[str, str, str], bool] = {}
-        self._written: dict[tuple[str, str, str], str] = {}  # resourceVersion of our last status write
+        self.status = StatusWriter[tuple[str, str, str]](client)
         # A service's StatefulSet and pods belong to its StatefulsetRollout (same name): the
         # rollout controller's indexes hold them, one copy for both controllers.
         self.rollouts = rollouts
@@ -176,17 +175,8 @@ class Operator:
             log.info("%s", action, extra=about(plugin.kind, observed.namespace, observed.name))
             await plugin.perform(self.client, observed, action)
         await self._apply_tls_resources(plugin, body, planned)
-        if status_changed(observed.status, planned.status):
-            written = await self.client.patch(
-                plugin.resource().Status,
-                observed.name,
-                status_patch(observed.status, planned.status),
-                namespace=observed.namespace,
-                patch_type=PatchType.MERGE,
-            )
-            self._written[(plugin.service, observed.namespace, observed.name)] = (
-                written.metadata.resourceVersion
-            )
+        key = (plugin.service, observed.namespace, observed.name)
+        await self.status.write(key, plugin.resource(), body, observed.status, planned.status)
         for note in planned.events:
             await post_event(self.client, plugin.kind, body, note)
 
@@ -324,7 +314,7 @@ class Operator:
         if pending is not None:
             pending.cancel()
         self._readiness.pop(key, None)
-        self._written.pop(key, None)
+        self.status.forget(key)
 
     def _record_readiness(self, plugin: ServicePlugin, key: tuple[str, str, str], planned: Plan) -> None:
         ready = any(
@@ -363,28 +353,18 @@ class Operator:
         async def resource_changed(body: dict[str, Any], **_: Any) -> None:
             self._watching.set()
             meta = body["metadata"]
-            if self._written.get((plugin.service, meta["namespace"], meta["name"])) == meta.get(
-                "resourceVersion"
-            ):
+            if self.status.is_echo((plugin.service, meta["namespace"], meta["name"]), body):
                 return  # the echo of our own status write: nothing new to observe
             await self.reconcile(plugin, meta["namespace"], meta["name"])
 
         kopf.on.event(GROUP, VERSION, plugin.plural, id=f"{plugin.service}-changed")(resource_changed)
 
     async def resync_forever(self, namespaces: list[str], interval: float = 60) -> None:
-        """Reconciles every resource now and then: retries what failed, repairs drift that no
-        event announced (a child edited by hand). Ours rather than kopf's timers, which would
-        put a finalizer on every resource."""
-        while True:
-            await asyncio.sleep(interval)
-            if not self._watching.is_set():
-                continue  # kopf's first listings are not in yet: children would look missing
-            for plugin in self.plugins.values():
-                try:
-                    async for resource in self.client.list(plugin.resource(), namespace="*"):
-                        namespace = resource.metadata.namespace
-                        if namespaces and not any(fnmatch.fnmatchcase(namespace, p) for p in namespaces):
-                            continue
-                        await self.reconcile(plugin, namespace, resource.metadata.name, force_apply=True)
-                except Exception:
-                    log.exception("resync of %s failed; next in %ss", plugin.plural, interval)
+        """Every resource now and then, its children applied again (`runtime.resync_forever`);
+        not before kopf's first listings are in, or children would look missing."""
+
+        async def again(service: str, namespace: str, name: str) -> None:
+            await self.reconcile(self.plugins[service], namespace, name, force_apply=True)
+
+        resources = {plugin.service: plugin.resource() for plugin in self.plugins.values()}
+        await resync_forever(self.client, resources, namespaces, interval, again, self._watching.is_set)

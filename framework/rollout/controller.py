@@ -29,7 +29,7 @@ from framework.kube import metrics
 from framework.kube.api import about, bounded, get_or_none, post_event
 from framework.kube.meta import GROUP, MANAGER, VERSION
 from framework.kube.queue import WorkQueue
-from framework.kube.status import status_changed, status_patch
+from framework.kube.runtime import StatusWriter
 from framework.rollout import analysis, hooks, notify
 from framework.rollout.plan import (
     HOOKED_ANNOTATION,
@@ -124,7 +124,7 @@ class RolloutController:
         self.queue = WorkQueue(self._reconcile_once, self._describe)
         self._pods: Mapping[Key, Any] = {}
         self._statefulsets: Mapping[Key, Any] = {}
-        self._written: dict[Key, str] = {}
+        self.status = StatusWriter[Key](client)
         self.sender = notify.Sender()
 
     def register(self) -> None:
@@ -141,7 +141,7 @@ class RolloutController:
         async def rollout_changed(body: kopf.Body, **_: Any) -> None:
             meta = body["metadata"]
             key = (meta["namespace"], meta["name"])
-            if self._written.get(key) == meta.get("resourceVersion"):
+            if self.status.is_echo(key, body):
                 return  # the echo of our own status write
             await self.queue.process(key)
 
@@ -181,7 +181,7 @@ class RolloutController:
         body = await get_or_none(self.client, Rollout, name, namespace)
         if body is None or body["metadata"].get("deletionTimestamp"):
             self.queue.forget(key)
-            self._written.pop(key, None)
+            self.status.forget(key)
             return None
         with metrics.timed_reconcile(KIND):
             statefulset, pods = self.children(key)
@@ -324,15 +324,7 @@ class RolloutController:
             notify.notices(namespace, observed.name, planned.events, planned.status), written
         )
         notify.record(planned.status, sending)  # before sending: a restart does not send twice
-        if status_changed(written, planned.status):
-            written = await self.client.patch(
-                Rollout.Status,
-                observed.name,
-                status_patch(written, planned.status),
-                namespace=namespace,
-                patch_type=PatchType.MERGE,
-            )
-            self._written[(namespace, observed.name)] = written.metadata.resourceVersion
+        await self.status.write((namespace, observed.name), Rollout, body, written, planned.status)
         for note in planned.events:
             metrics.ROLLOUT_EVENTS.labels(note.reason).inc()
             await post_event(self.client, KIND, body, note)
