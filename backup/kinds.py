@@ -5,11 +5,11 @@ from __future__ import annotations
 from backup.plan import BackupPlanKind
 from backup.resources import BackupKind, BackupStorageKind
 from backup.restore import RestoreKind
-from framework.inservice import InServiceKind
+from framework.object_controller import ObjectKind
 from framework.plugin import ServicePlugin
 
 
-def backup_kinds(plugins: list[ServicePlugin], job_image: str) -> list[InServiceKind]:
+def backup_kinds(plugins: list[ServicePlugin], job_image: str) -> list[ObjectKind]:
     """BackupStorage, Backup, BackupPlan and Restore. `job_image`: the image of backup Jobs."""
     return [
         BackupStorageKind(),

@@ -22,12 +22,12 @@ from backup.restore import RestoreKind
 from backup.retention import Candidate, RetentionSpec, to_prune
 from backup.schedule import Schedule, ScheduleError
 from framework.binding import ServiceRef
-from framework.inservice import InServiceKind, Outcome, Ref
 from framework.kube import conditions
 from framework.kube.api import EventNote, post_event
 from framework.kube.conditions import Condition
 from framework.kube.meta import API_VERSION, LABEL_MANAGED_BY, LABEL_PART_OF, MANAGER
 from framework.kube.model import ApiModel
+from framework.object_controller import ObjectKind, Outcome, Ref
 from framework.plugin import ServicePlugin
 
 PLAN_LABEL = "statefleet.dev/backup-plan"
@@ -285,7 +285,7 @@ def candidate(body: dict[str, Any]) -> Candidate:
     return Candidate(body["metadata"]["name"], status.get("phase") or "Pending", at, verified)
 
 
-class BackupPlanKind(InServiceKind):
+class BackupPlanKind(ObjectKind):
     kind = "BackupPlan"
     plural = "backupplans"
     spec_model = BackupPlanSpec

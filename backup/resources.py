@@ -1,5 +1,5 @@
 """`BackupStorage` and `Backup`: the service-neutral resources of the backup engine,
-run by the framework's in-service controller (`framework.inservice`).
+run by the framework's object controller (`framework.object_controller`).
 
 A `Backup` is one attempt, never repeated: it waits for its storage and a ready instance, runs
 one Job (`backup.job`), and ends Completed (the manifest is written) or Failed (with the
@@ -23,12 +23,12 @@ from backup.job import DEFAULT_DEADLINE, build_job
 from backup.manifest import location, manifest_key
 from backup.storage import CREDENTIAL_KEYS, S3Spec, StorageError, delete_prefix, explain, s3_client
 from framework.binding import ServiceRef
-from framework.inservice import InServiceKind, Outcome, Ref
 from framework.kube import conditions
 from framework.kube.api import EventNote, get_or_none
 from framework.kube.jobs import job_name, read_job
 from framework.kube.model import ApiModel
 from framework.kube.secrets import decoded
+from framework.object_controller import ObjectKind, Outcome, Ref
 from framework.plugin import Backups, ServicePlugin
 from framework.spec import DeletionPolicy
 
@@ -84,7 +84,7 @@ async def storage_client(client: AsyncClient, namespace: str, name: str) -> tupl
     return spec, s3_client(spec, data["AWS_ACCESS_KEY_ID"], data["AWS_SECRET_ACCESS_KEY"])
 
 
-class BackupStorageKind(InServiceKind):
+class BackupStorageKind(ObjectKind):
     kind = "BackupStorage"
     plural = "backupstorages"
     spec_model = BackupStorageSpec
@@ -125,7 +125,7 @@ def ready_condition(body: dict[str, Any] | None) -> bool:
     return bool(found and found.get("status") == "True")
 
 
-class JobKind(InServiceKind):
+class JobKind(ObjectKind):
     """A kind whose work runs in a Job from the operator's image."""
 
     def __init__(self, plugins: list[ServicePlugin], job_image: str) -> None:

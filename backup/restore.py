@@ -38,12 +38,12 @@ from backup.resources import (
     storage_client,
 )
 from backup.storage import CREDENTIAL_KEYS, S3Spec, StorageError
-from framework.inservice import Outcome, Ref
 from framework.kube.api import EventNote, get_or_none
 from framework.kube.jobs import job_name, read_job, termination
 from framework.kube.meta import API_VERSION, LABEL_INSTANCE, LABEL_NAME, owner_reference
 from framework.kube.model import ApiModel
 from framework.kube.secrets import decoded
+from framework.object_controller import Outcome, Ref
 from framework.plugin import ServicePlugin
 
 RESTORED_BY = "statefleet.dev/restored-by"  # annotation on an instance a Restore created

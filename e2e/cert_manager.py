@@ -15,7 +15,7 @@ from lightkube.models.meta_v1 import ObjectMeta, OwnerReference
 from lightkube.resources.core_v1 import ConfigMap
 
 from e2e.kube import REPO, client, kubeconfig_path, kubectl, wait_gone
-from framework.operator import Issuer
+from framework.instance_controller import Issuer
 
 HOME = REPO / ".testbed" / "bin" / "cert-manager"
 CRDS = HOME / "crds"

@@ -23,7 +23,7 @@ from e2e.test_postgres_users import (
     served_certificate,
     verify_full,
 )
-from framework.operator import Certificate
+from framework.instance_controller import Certificate
 
 # It installs cert-manager's CRDs, which every operator of the cluster sees: it runs alone.
 pytestmark = [pytest.mark.e2e, pytest.mark.serial]

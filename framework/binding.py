@@ -19,12 +19,12 @@ from lightkube.core.exceptions import ApiError
 from lightkube.resources.core_v1 import Secret
 from pydantic import Field
 
-from framework.inservice import InServiceKind, Outcome, Ref
 from framework.kube import conditions
 from framework.kube.api import get_or_none
 from framework.kube.meta import API_VERSION, LABEL_MANAGED_BY, LABEL_PART_OF, MANAGER, owner_reference
 from framework.kube.model import ApiModel
 from framework.kube.secrets import decoded
+from framework.object_controller import ObjectKind, Outcome, Ref
 from framework.plugin import TLS_SERVER, ServicePlugin
 
 BINDING_LABEL = "statefleet.dev/binding"
@@ -81,7 +81,7 @@ def build_secret(binding: dict[str, Any], name: str, data: dict[str, str]) -> di
     }
 
 
-class ServiceBindingKind(InServiceKind):
+class ServiceBindingKind(ObjectKind):
     kind = "ServiceBinding"
     plural = "servicebindings"
     spec_model = ServiceBindingSpec

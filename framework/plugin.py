@@ -222,7 +222,7 @@ class ServicePlugin:
     backups: Backups | None = None
 
     def in_service_kinds(self) -> list[Any]:
-        """The plugin's kinds of objects inside an instance (`framework.inservice.InServiceKind`):
+        """The plugin's kinds of objects inside an instance (`framework.object_controller.ObjectKind`):
         users, databases, vhosts. Their controller is the framework's."""
         return []
 

@@ -26,14 +26,14 @@ import yaml
 from lightkube import AsyncClient, Client, codecs
 from lightkube.resources.apiextensions_v1 import CustomResourceDefinition
 
-from framework.inservice import InServiceController
+from framework.instance_controller import InstanceController
 from framework.kube import kopf_fixes, metrics
 from framework.kube.meta import MANAGER
-from framework.operator import Operator
+from framework.object_controller import ObjectController
 from framework.rollout import commands as rollout_commands
 from framework.rollout.controller import RolloutController
 from statefleet.generate import render_crds
-from statefleet.plugins import in_process_hooks, in_service_kinds, load_catalog, load_plugins, watched_kinds
+from statefleet.plugins import in_process_hooks, load_catalog, load_plugins, object_kinds, watched_kinds
 
 CRDS_SERVED_WITHIN = 60.0
 
@@ -89,12 +89,10 @@ async def run_operator(
     rollouts = RolloutController(client, in_process_hooks(plugins))
     rollouts.register()
     catalog = load_catalog(plugins, Path(args.catalog) if args.catalog else None)
-    operator = Operator(client, catalog, plugins, rollouts, args.job_image)
-    operator.register()
-    in_service = InServiceController(
-        client, in_service_kinds(plugins, args.job_image), watched_kinds(plugins)
-    )
-    in_service.register()
+    instances = InstanceController(client, catalog, plugins, rollouts, args.job_image)
+    instances.register()
+    objects = ObjectController(client, object_kinds(plugins, args.job_image), watched_kinds(plugins))
+    objects.register()
 
     @kopf.on.startup()
     async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
@@ -106,8 +104,8 @@ async def run_operator(
         settings.queueing.idle_timeout = 1.0
 
     resyncs = [
-        asyncio.create_task(operator.resync_forever(args.namespace)),
-        asyncio.create_task(in_service.resync_forever(args.namespace)),
+        asyncio.create_task(instances.resync_forever(args.namespace)),
+        asyncio.create_task(objects.resync_forever(args.namespace)),
     ]
     try:
         # Returns when kopf stops (SIGTERM, SIGINT): the resync stops with it.

@@ -15,7 +15,7 @@ from framework.kube.meta import GROUP
 from framework.plugin import ServicePlugin
 from framework.rollout.spec import PLURAL as ROLLOUTS
 from framework.rollout.spec import rollout_crd
-from statefleet.plugins import in_service_kinds, load_plugins
+from statefleet.plugins import load_plugins, object_kinds
 
 REPO = Path(__file__).resolve().parent.parent
 CRDS_DIR = REPO / "crds"
@@ -30,7 +30,7 @@ def render_crds() -> dict[str, str]:
     """File name -> YAML of every CRD: the plugins', the kinds inside instances', the rollout's."""
     plugins = load_plugins()
     rendered = {}
-    for crd in [p.crd() for p in plugins] + [k.crd() for k in in_service_kinds(plugins)] + [rollout_crd()]:
+    for crd in [p.crd() for p in plugins] + [k.crd() for k in object_kinds(plugins)] + [rollout_crd()]:
         rendered[f"{crd['metadata']['name']}.yaml"] = yaml.safe_dump(crd, sort_keys=False, width=100)
     return rendered
 
@@ -42,7 +42,7 @@ def kind_rules(plugins: list[ServicePlugin]) -> list[dict[str, Any]]:
     user) and patched (finalizers), and deleted where the operator deletes them (a plan's
     retention). `<plural>/finalizers`: children owned with blockOwnerDeletion."""
     owned = [plugin.plural for plugin in plugins] + [ROLLOUTS]
-    inside = in_service_kinds(plugins)
+    inside = object_kinds(plugins)
     every = owned + [kind.plural for kind in inside]
     rules: list[dict[str, Any]] = [
         {

@@ -20,7 +20,7 @@ import services
 from backup.kinds import backup_kinds
 from framework.binding import ServiceBindingKind
 from framework.catalog import Catalog
-from framework.inservice import InServiceKind
+from framework.object_controller import ObjectKind
 from framework.plugin import ServicePlugin
 from framework.rollout.hooks import InProcess
 
@@ -81,7 +81,7 @@ def load_catalog(plugins: list[ServicePlugin], path: Path | None = None) -> Cata
     return chosen.over({plugin.service: plugin.offered_versions() for plugin in plugins})
 
 
-def in_service_kinds(plugins: list[ServicePlugin], job_image: str = "") -> list[InServiceKind]:
+def object_kinds(plugins: list[ServicePlugin], job_image: str = "") -> list[ObjectKind]:
     """Bindings, backups, and every plugin's kinds of objects inside its instances. `job_image`:
     the image of backup Jobs (the operator's own)."""
     return [
@@ -94,5 +94,5 @@ def in_service_kinds(plugins: list[ServicePlugin], job_image: str = "") -> list[
 def watched_kinds(plugins: list[ServicePlugin]) -> dict[str, Any]:
     """Kind -> resource class of every kind a binding or a user may wait for."""
     kinds: dict[str, Any] = {plugin.kind: plugin.resource() for plugin in plugins}
-    kinds.update({kind.kind: kind.resource() for kind in in_service_kinds(plugins)})
+    kinds.update({kind.kind: kind.resource() for kind in object_kinds(plugins)})
     return kinds

@@ -26,10 +26,10 @@ from lightkube.types import PatchType
 from e2e.kube import client, delete_namespace, kubeconfig_path
 from e2e.manifests import ON_KWOK
 from e2e.operator_process import OperatorProcess
+from framework.instance_plan import plan
 from framework.kube.api import bounded
 from framework.kube.meta import MANAGER
 from framework.plugin import Observed
-from framework.reconcile import plan
 from framework.rollout.controller import Rollout
 from framework.rollout.plan import RolloutObserved, plan_rollout
 from services.postgres import PLUGIN

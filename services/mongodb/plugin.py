@@ -18,7 +18,6 @@ from lightkube import AsyncClient
 from pymongo.errors import AutoReconnect, PyMongoError
 
 from framework.catalog import ResolvedVersion
-from framework.instance import Answers, ask_servers, ready_of
 from framework.kube.api import EventNote
 from framework.kube.meta import content_hash
 from framework.kube.pods import pod_ip
@@ -33,6 +32,7 @@ from framework.plugin import (
     ServiceStatus,
     UnknownAction,
 )
+from framework.servers import Answers, ask_servers, ready_of
 from framework.volumes import claim_context, refuse_storage_change
 from services.mongodb.replicaset import (
     Hello,

@@ -16,10 +16,10 @@ from lightkube.resources.core_v1 import Pod
 from pydantic import ConfigDict, Field
 from pymongo.errors import OperationFailure, PyMongoError
 
-from framework.inservice import InServiceKind, Outcome, Ref, user_password
 from framework.kube import conditions
 from framework.kube.api import get_or_none
 from framework.kube.model import ApiModel, immutable, optional_immutable
+from framework.object_controller import ObjectKind, Outcome, Ref, user_password
 from framework.spec import DeletionPolicy
 from services.mongodb.access import WantedUser, marker, ours, plan_user
 from services.mongodb.servers import CHANGE_TIMEOUT_MS, Servers
@@ -66,7 +66,7 @@ class MongoDBUserSpec(ApiModel):
     )
 
 
-class MongoDBUserKind(InServiceKind):
+class MongoDBUserKind(ObjectKind):
     kind = "MongoDBUser"
     plural = "mongodbusers"
     short_names = ("mdbuser",)

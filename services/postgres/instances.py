@@ -18,10 +18,10 @@ from lightkube.resources.discovery_v1 import EndpointSlice
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from framework.instance import Answers
 from framework.kube.pods import pod_ready
 from framework.kube.secrets import SecretValues
 from framework.plugin import Observed
+from framework.servers import Answers
 from services.postgres.primary import Facts, Member, parse_lsn
 
 log = logging.getLogger("statefleet")

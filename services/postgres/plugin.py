@@ -14,7 +14,6 @@ from lightkube.resources.core_v1 import Pod
 from backup import in_place
 from framework.catalog import ResolvedVersion
 from framework.certificates import service_hosts
-from framework.instance import NO_ANSWERS, Answers, ask_servers, ready_of, ready_pods
 from framework.kube.api import EventNote
 from framework.kube.meta import content_hash
 from framework.kube.pods import pod_ip
@@ -30,6 +29,7 @@ from framework.plugin import (
     Tls,
     UnknownAction,
 )
+from framework.servers import NO_ANSWERS, Answers, ask_servers, ready_of, ready_pods
 from framework.volumes import claim_context, refuse_storage_change
 from services.postgres import commands as postgres_commands
 from services.postgres.in_place import POD_ANNOTATION, InPlaceStep, plan_in_place, pod_annotation

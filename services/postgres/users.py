@@ -25,9 +25,9 @@ from lightkube.resources.core_v1 import Pod
 from psycopg import AsyncConnection, sql
 from pydantic import ConfigDict, Field
 
-from framework.inservice import InServiceKind, Outcome, Ref, user_password
 from framework.kube.api import EventNote, get_or_none
 from framework.kube.model import ApiModel, immutable
+from framework.object_controller import ObjectKind, Outcome, Ref, user_password
 from framework.spec import DeletionPolicy
 from services.postgres import backup_replace
 from services.postgres.instances import Servers
@@ -289,7 +289,7 @@ async def primary_address(client: AsyncClient, instance: dict[str, Any]) -> str 
     return (pod.get("status") or {}).get("podIP")
 
 
-class PostgresUserKind(InServiceKind):
+class PostgresUserKind(ObjectKind):
     kind = "PostgresUser"
     plural = "postgresusers"
     short_names = ("pguser",)

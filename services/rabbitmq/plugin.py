@@ -15,7 +15,6 @@ from lightkube.resources.batch_v1 import Job
 from lightkube.types import CascadeType
 
 from framework.catalog import ResolvedVersion
-from framework.instance import Answers, ask_servers, ready_of
 from framework.kube.api import EventNote
 from framework.kube.jobs import read_job
 from framework.kube.meta import content_hash, owner_reference
@@ -31,6 +30,7 @@ from framework.plugin import (
     ServiceStatus,
     UnknownAction,
 )
+from framework.servers import Answers, ask_servers, ready_of
 from framework.volumes import claim_context, refuse_storage_change
 from services.rabbitmq import scale_down
 from services.rabbitmq.cluster import ClusterView, NodeAnswer, node_name, pod_of, read_cluster

@@ -16,10 +16,10 @@ from typing import Any
 from lightkube import AsyncClient
 from pydantic import ConfigDict, Field
 
-from framework.inservice import InServiceKind, Outcome, Ref, user_password
 from framework.kube import conditions
 from framework.kube.api import get_or_none
 from framework.kube.model import ApiModel, immutable, optional_immutable
+from framework.object_controller import ObjectKind, Outcome, Ref, user_password
 from framework.spec import DeletionPolicy
 from services.rabbitmq.access import (
     KNOWN_TAGS,
@@ -125,7 +125,7 @@ def own_vhost_clash(
     return None
 
 
-class AccessKind(InServiceKind):
+class AccessKind(ObjectKind):
     """What the three kinds share: the instance they live in, reached through its Service."""
 
     def __init__(self, management: Management, instances: Any) -> None:

@@ -6,9 +6,9 @@ from typing import Any
 import pytest
 
 from framework.catalog import Catalog
-from framework.instance import Answers
+from framework.instance_plan import plan
 from framework.plugin import Inspection, Observed
-from framework.reconcile import plan
+from framework.servers import Answers
 from services.mongodb import PLUGIN
 from services.mongodb.access import WantedUser, plan_user
 from services.mongodb.plugin import SetFacts

@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
+from framework.instance_plan import plan
 from framework.plugin import Observed, ServicePlugin, UnknownAction
-from framework.reconcile import plan
 from statefleet.plugins import PluginError, in_process_hooks, load_catalog, load_plugins
 
 pytestmark = pytest.mark.unit

@@ -9,10 +9,10 @@ import pytest
 
 from framework.catalog import Catalog
 from framework.certificates import choose_tls_provider, plan_tls
+from framework.instance_plan import plan
 from framework.kube.pods import has_run
 from framework.kube.status import status_changed
 from framework.plugin import Observed
-from framework.reconcile import plan
 from framework.rollout.spec import RolloutSpec
 from services.postgres import PLUGIN
 

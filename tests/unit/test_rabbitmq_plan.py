@@ -6,10 +6,10 @@ import pytest
 import yaml
 
 from framework.catalog import Catalog
-from framework.instance import NO_ANSWERS, Answers
+from framework.instance_plan import plan
 from framework.plugin import Inspection, Observed
-from framework.reconcile import plan
 from framework.rollout.spec import RolloutSpec
+from framework.servers import NO_ANSWERS, Answers
 from services.rabbitmq import PLUGIN
 from services.rabbitmq.cluster import NodeAnswer, node_name, parse_nodes, read_cluster
 from services.rabbitmq.plugin import NodeFacts

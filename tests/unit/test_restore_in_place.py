@@ -8,8 +8,8 @@ import pytest
 from backup import in_place
 from backup.restore import RestoreSpec, replace_refusal
 from framework.catalog import Catalog
+from framework.instance_plan import plan
 from framework.plugin import Observed
-from framework.reconcile import plan
 from framework.rollout.controller import index_statefulset
 from framework.rollout.plan import ROLLOUT_LABEL
 from services.postgres import PLUGIN

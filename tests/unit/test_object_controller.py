@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from framework.inservice import Outcome, plan_status, transition_events
+from framework.object_controller import Outcome, plan_status, transition_events
 
 pytestmark = pytest.mark.unit
 

@@ -25,13 +25,13 @@ from lightkube.types import PatchType
 
 from framework.catalog import Catalog
 from framework.certificates import CERT_MANAGER, choose_tls_provider
+from framework.instance_plan import Plan, plan
 from framework.kube import metrics
 from framework.kube.api import EventNote, about, get_or_none, not_found, post_event
 from framework.kube.meta import GROUP, LABEL_INSTANCE, LABEL_MANAGED_BY, LABEL_NAME, MANAGER, VERSION
 from framework.kube.queue import WorkQueue
 from framework.kube.runtime import StatusWriter, resync_forever
 from framework.plugin import TLS_CA, TLS_SERVER, Inspection, Observed, ServicePlugin
-from framework.reconcile import Plan, plan
 from framework.rollout.controller import Rollout, RolloutController
 
 log = logging.getLogger("statefleet")
@@ -48,7 +48,10 @@ CHILD_RESOURCES = {
 }
 
 
-class Operator:
+class InstanceController:
+    """The controller of every service instance (of every plugin's kind): observe, plan
+    (`framework.instance_plan`), execute."""
+
     def __init__(
         self,
         client: AsyncClient,

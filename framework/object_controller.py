@@ -61,7 +61,7 @@ class Outcome:
     events: tuple[EventNote, ...] = ()
 
 
-class InServiceKind:
+class ObjectKind:
     """One kind of object inside a service (a plugin's user kind) or around it (bindings)."""
 
     kind: ClassVar[str]
@@ -197,8 +197,8 @@ def transition_events(body: dict[str, Any], outcome: Outcome) -> list[EventNote]
     return [EventNote("Normal" if outcome.ready else "Warning", outcome.reason, outcome.message)]
 
 
-class InServiceController:
-    def __init__(self, client: AsyncClient, kinds: list[InServiceKind], watched: dict[str, Any]) -> None:
+class ObjectController:
+    def __init__(self, client: AsyncClient, kinds: list[ObjectKind], watched: dict[str, Any]) -> None:
         """`watched`: kind -> lightkube resource class of the kinds `Ref`s may name."""
         self.client = client
         self.kinds = {k.kind: k for k in kinds}
