@@ -27,13 +27,13 @@ from framework.kube.api import EventNote, post_event
 from framework.kube.conditions import Condition
 from framework.kube.meta import API_VERSION, LABEL_MANAGED_BY, LABEL_PART_OF, MANAGER
 from framework.kube.model import ApiModel
+from framework.kube.times import format_time, parse_time
 from framework.object_controller import ObjectKind, Outcome, Ref
 from framework.plugin import ServicePlugin
 
 PLAN_LABEL = "statefleet.dev/backup-plan"
 VERIFY_LABEL = "statefleet.dev/verification"
 RETRY_FIRST, RETRY_MAX = 60.0, 3600.0  # seconds: 1 min, 2, 4 ... at most an hour
-TIME_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
 
 
 def parsed_schedule(schedule: str) -> str:
@@ -84,14 +84,6 @@ class BackupPlanSpec(ApiModel):
     @classmethod
     def valid_schedule(cls, schedule: str) -> str:
         return parsed_schedule(schedule)
-
-
-def parse_time(text: str | None) -> datetime | None:
-    return datetime.strptime(text, TIME_FORMAT).replace(tzinfo=UTC) if text else None
-
-
-def iso(moment: datetime) -> str:
-    return moment.astimezone(UTC).strftime(TIME_FORMAT)
 
 
 @dataclass(frozen=True)
@@ -148,7 +140,7 @@ def plan_backups(
         "backups": len([b for b in backups if b.name not in prune]),
     }
     next_due = schedule.next_after(last_scheduled)
-    fields["nextScheduleTime"] = iso(next_due)
+    fields["nextScheduleTime"] = format_time(next_due)
     if spec.suspend:
         return PlanDecision(None, None, prune, None, "Suspended", "spec.suspend: no new backups", fields)
     if active:  # one at a time: a run the schedule asked for meanwhile starts once it ends
@@ -157,30 +149,33 @@ def plan_backups(
         )
     due = last_fire_at_or_before(schedule, last_scheduled, now)
     if due is not None:
-        fields["lastScheduleTime"] = iso(due)
-        fields["nextScheduleTime"] = iso(schedule.next_after(due))
+        fields["lastScheduleTime"] = format_time(due)
+        fields["nextScheduleTime"] = format_time(schedule.next_after(due))
         create = backup_name(name, now)
         return PlanDecision(create, due, prune, None, "BackupStarted", f"Backup {create} started", fields)
     if failures:
         delay = min(RETRY_FIRST * 2 ** (failures - 1), RETRY_MAX)
         retry_at = ended[0].at + timedelta(seconds=delay)
         if retry_at < next_due:
-            fields["nextRetryTime"] = iso(retry_at)
+            fields["nextRetryTime"] = format_time(retry_at)
             if now >= retry_at:
                 create = backup_name(name, now)
                 message = f"Backup {create} retries after {failures} failed (the last: {ended[0].name})"
                 return PlanDecision(create, None, prune, None, "Retrying", message, fields)
-            message = f"{failures} failed in a row; the next attempt at {iso(retry_at)}"
+            message = f"{failures} failed in a row; the next attempt at {format_time(retry_at)}"
             return PlanDecision(None, None, prune, retry_at, "BackingOff", message, fields)
     fields["nextRetryTime"] = None
     if completed and not failures:
         return PlanDecision(
-            None, None, prune, next_due, "Scheduled", f"next backup at {iso(next_due)}", fields
+            None, None, prune, next_due, "Scheduled", f"next backup at {format_time(next_due)}", fields
         )
     if failures:
-        message = f"{failures} failed in a row (the last: {ended[0].name}); the next at {iso(next_due)}"
+        last = ended[0].name
+        message = f"{failures} failed in a row (the last: {last}); the next at {format_time(next_due)}"
         return PlanDecision(None, None, prune, next_due, "LastBackupFailed", message, fields)
-    return PlanDecision(None, None, prune, next_due, "Scheduled", f"first backup at {iso(next_due)}", fields)
+    return PlanDecision(
+        None, None, prune, next_due, "Scheduled", f"first backup at {format_time(next_due)}", fields
+    )
 
 
 @dataclass(frozen=True)
@@ -407,7 +402,7 @@ class BackupPlanKind(ObjectKind):
                 "backup": backup_name,
                 "result": "Passed" if passed else "Failed",
                 "message": message[:1000],
-                "at": iso(datetime.now(UTC)),
+                "at": format_time(datetime.now(UTC)),
             }
             target = restore["spec"]["target"]
             plugin = self.plugins.get(target["kind"])
@@ -429,7 +424,7 @@ class BackupPlanKind(ObjectKind):
         decision = backup_to_verify(
             spec.verify, last_scheduled or parse_time(meta["creationTimestamp"]) or now, now, newest, tested
         )
-        fields["nextVerifyTime"] = iso(decision.wake_at) if decision.wake_at else None
+        fields["nextVerifyTime"] = format_time(decision.wake_at) if decision.wake_at else None
         if decision.backup:
             verified_plugin = self.plugins.get(spec.service.kind)
             restore = build_verify_restore(
@@ -447,7 +442,7 @@ class BackupPlanKind(ObjectKind):
                 return fields, events, frozenset(refs), now + timedelta(seconds=10)  # the last one still goes
             refs.add(Ref("Restore", restore["metadata"]["name"]))
         if decision.scheduled_for:
-            fields["lastVerifyScheduleTime"] = iso(decision.scheduled_for)
+            fields["lastVerifyScheduleTime"] = format_time(decision.scheduled_for)
         return fields, events, frozenset(refs), decision.wake_at
 
     def build_backup(self, plan: dict[str, Any], spec: BackupPlanSpec, name: str) -> dict[str, Any]:

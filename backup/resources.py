@@ -10,7 +10,6 @@ restarted operator follows the same Job. `Restore` (`backup.restore`) builds on 
 from __future__ import annotations
 
 import asyncio
-import time
 from typing import Any
 
 from lightkube import AsyncClient, codecs
@@ -28,6 +27,7 @@ from framework.kube.api import EventNote, get_or_none
 from framework.kube.jobs import job_name, read_job
 from framework.kube.model import ApiModel
 from framework.kube.secrets import decoded
+from framework.kube.times import now_text, seconds_between
 from framework.object_controller import ObjectKind, Outcome, Ref
 from framework.plugin import Backups, ServicePlugin
 from framework.spec import DeletionPolicy
@@ -106,20 +106,6 @@ class BackupStorageKind(ObjectKind):
         return columns
 
 
-def seconds_between(start: str | None, end: str | None) -> float | None:
-    if not start or not end:
-        return None
-    parse = lambda s: time.mktime(time.strptime(s, "%Y-%m-%dT%H:%M:%SZ"))  # noqa: E731
-    return max(0.0, parse(end) - parse(start))
-
-
-ISO = "%Y-%m-%dT%H:%M:%SZ"
-
-
-def now_iso() -> str:
-    return time.strftime(ISO, time.gmtime())
-
-
 def ready_condition(body: dict[str, Any] | None) -> bool:
     found = conditions.find(((body or {}).get("status") or {}).get("conditions"), conditions.READY)
     return bool(found and found.get("status") == "True")
@@ -181,7 +167,7 @@ class BackupKind(JobKind):
                 "phase": FAILED,
                 "reason": reason,
                 "message": message,
-                "completedAt": now_iso(),
+                "completedAt": now_text(),
                 **fields,
             },
         )
@@ -266,7 +252,7 @@ class BackupKind(JobKind):
                 "phase": RUNNING,
                 "method": method,
                 "job": name,
-                "startedAt": now_iso(),
+                "startedAt": now_text(),
                 "location": f"s3://{s3.bucket}/{where}",
                 "manifest": manifest_key(where),
                 "instanceSpec": instance.get("spec") or {},
@@ -292,7 +278,7 @@ class BackupKind(JobKind):
             "objects": result.get("objects", 0),
             "version": result.get("version"),
             "startedAt": result.get("startedAt") or status.get("startedAt"),
-            "completedAt": result.get("finishedAt") or now_iso(),
+            "completedAt": result.get("finishedAt") or now_text(),
             "manifest": result.get("manifest") or status.get("manifest"),
             "progress": None,
             "peakMemoryBytes": (result.get("peakMemoryBytes") or {}).get("job"),

@@ -7,7 +7,6 @@ every object. Its state lives in `status`, so a restarted operator goes on where
 
 from __future__ import annotations
 
-import calendar
 import contextlib
 import json
 import time
@@ -26,14 +25,12 @@ from backup.resources import (
     COMPLETED,
     FAILED,
     IMMUTABLE,
-    ISO,
     PENDING,
     RUNNING,
     BackupKind,
     BackupSpec,
     JobKind,
     backups_of,
-    now_iso,
     ready_condition,
     storage_client,
 )
@@ -43,6 +40,7 @@ from framework.kube.jobs import job_name, read_job, termination
 from framework.kube.meta import API_VERSION, LABEL_INSTANCE, LABEL_NAME, owner_reference
 from framework.kube.model import ApiModel
 from framework.kube.secrets import decoded
+from framework.kube.times import now_text, parse_time
 from framework.object_controller import Outcome, Ref
 from framework.plugin import ServicePlugin
 
@@ -152,12 +150,12 @@ class RestoreKind(JobKind):
             False,
             reason,
             message,
-            fields={"phase": FAILED, "reason": reason, "message": message, "completedAt": now_iso()},
+            fields={"phase": FAILED, "reason": reason, "message": message, "completedAt": now_text()},
             events=(EventNote("Warning", reason, message),),
         )
 
     def completed(self, message: str, details: dict[str, Any] | None = None) -> Outcome:
-        fields = {"phase": COMPLETED, "completedAt": now_iso(), "message": message, "progress": None}
+        fields = {"phase": COMPLETED, "completedAt": now_text(), "message": message, "progress": None}
         return Outcome(
             True,
             "Completed",
@@ -323,7 +321,7 @@ class RestoreKind(JobKind):
                 False,
                 "Running",
                 f"Job {name} restores Backup {spec.backup} into {plugin.kind} {spec.target.name}",
-                fields={"phase": RUNNING, "job": name, "startedAt": now_iso(), "replacing": replacing},
+                fields={"phase": RUNNING, "job": name, "startedAt": now_text(), "replacing": replacing},
                 retry_in=3,
             )
         if state.phase == RUNNING:
@@ -557,7 +555,7 @@ class RestoreKind(JobKind):
                 message,
                 depends_on=waiting,
                 retry_in=10,
-                fields={"phase": RUNNING, "startedAt": now_iso(), "replacing": True, "inPlace": "restore"},
+                fields={"phase": RUNNING, "startedAt": now_text(), "replacing": True, "inPlace": "restore"},
                 events=(EventNote("Normal", "RestoringInPlace", message),),
             )
         if step == "rollback":
@@ -567,7 +565,8 @@ class RestoreKind(JobKind):
                 failure = (ours.get("reason") or "RestoreFailed", ours.get("message") or "the restore failed")
                 return await self.roll_back_in_place(client, body, plugin, target, failure)
             started = status.get("startedAt")
-            if started and time.time() - calendar.timegm(time.strptime(started, ISO)) > DEFAULT_DEADLINE:
+            begun = parse_time(started)
+            if begun and time.time() - begun.timestamp() > DEFAULT_DEADLINE:
                 # A server that never starts on the restored data (or pods that never stop).
                 late = f"{instance} did not serve the backup within {DEFAULT_DEADLINE // 3600} h"
                 return await self.roll_back_in_place(client, body, plugin, target, ("DeadlineExceeded", late))
@@ -636,7 +635,7 @@ class RestoreKind(JobKind):
                 False,
                 "Verifying",
                 f"Job {name} checks every object of Backup {spec.backup} before {instance} stops",
-                fields={"phase": RUNNING, "startedAt": now_iso(), "job": name},
+                fields={"phase": RUNNING, "startedAt": now_text(), "job": name},
                 retry_in=3,
             )
         if state.phase == RUNNING:

@@ -23,7 +23,6 @@ import signal
 import sys
 import time
 from collections.abc import Iterator
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -44,13 +43,10 @@ from backup.storage import (
     s3_client,
     verify,
 )
+from framework.kube.times import now_text
 
 TERMINATION_LOG = Path("/dev/termination-log")
 PROGRESS_EVERY = 2.0  # seconds
-
-
-def now_iso() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def say(kind: str, payload: dict[str, Any]) -> None:
@@ -117,7 +113,7 @@ class S3Sink:
 
 
 def take_backup(request: dict[str, Any], client: Any, spec: S3Spec) -> dict[str, Any]:
-    started = now_iso()
+    started = now_text()
     driver = load_driver(request["driver"])
     progress = Progress()
     sink = S3Sink(client, spec, request["location"], progress)
@@ -131,7 +127,7 @@ def take_backup(request: dict[str, Any], client: Any, spec: S3Spec) -> dict[str,
         version=taken.version,
         method=request["method"],
         startedAt=started,
-        finishedAt=now_iso(),
+        finishedAt=now_text(),
         objects=sink.written,
         physical=taken.physical,
         details=taken.details,

@@ -33,6 +33,7 @@ from framework.kube.model import describe_validation_error
 from framework.kube.pods import has_run
 from framework.kube.secrets import decoded
 from framework.kube.status import without_kopf
+from framework.kube.times import format_time
 from framework.plugin import TLS_CA, TLS_SERVER, Observed, Operations, ServicePlugin, ServiceStatus
 from framework.render import render_children
 
@@ -214,7 +215,7 @@ def plan_instance_tls(
             "data": {k: base64.b64encode(v.encode()).decode() for k, v in data.items()},
         }
         result.secrets.append(decorate(secret, labels, owner, observed.namespace))
-    not_after = planned.not_after.strftime("%Y-%m-%dT%H:%M:%SZ") if planned.not_after else None
+    not_after = format_time(planned.not_after) if planned.not_after else None
     result.status = {
         **(observed.status.get("tls") or {}),
         "notAfter": not_after,
@@ -280,7 +281,7 @@ def plan_cert_manager_tls(
             result.events.append(EventNote("Warning", "CertificatePending", waiting))
         status.update(waiting=waiting, notAfter=None)
         return result
-    stamp = not_after.strftime("%Y-%m-%dT%H:%M:%SZ")
+    stamp = format_time(not_after)
     status.pop("waiting", None)
     if previous.get("notAfter") != stamp:
         status["notAfter"] = stamp

@@ -29,8 +29,8 @@ from lightkube.resources.core_v1 import Namespace
 from e2e.kube import client, delete_namespace, wait_until
 from e2e.manifests import ON_KWOK, PAUSE_IMAGE, statefulset_rollout
 from e2e.operator_process import OperatorProcess
+from framework.kube.times import parse_time
 from framework.rollout.controller import Rollout
-from framework.rollout.plan import parse_time
 
 STEPS = [{"setPercent": 1}, {"setPercent": 10}, {"setPercent": 50}, {"setPercent": 100}]
 WRITES = ("POST", "PUT", "PATCH", "DELETE")

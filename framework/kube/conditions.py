@@ -7,8 +7,9 @@ writes it once. `lastTransitionTime` moves only when a condition's status change
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
+
+from framework.kube.times import now_text
 
 READY = "Ready"
 PROGRESSING = "Progressing"
@@ -26,10 +27,6 @@ class Condition:
         return "True" if self.status else "False"
 
 
-def now_rfc3339() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 def merge_conditions(
     current: list[dict[str, Any]] | None,
     updates: list[Condition],
@@ -37,7 +34,7 @@ def merge_conditions(
     now: str | None = None,
 ) -> list[dict[str, Any]]:
     """The conditions after `updates`, keeping the others and each unchanged transition time."""
-    stamp = now or now_rfc3339()
+    stamp = now or now_text()
     by_type = {c["type"]: dict(c) for c in current or []}
     for update in updates:
         previous = by_type.get(update.type)

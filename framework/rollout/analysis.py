@@ -9,6 +9,7 @@ from typing import Any
 
 import httpx2
 
+from framework.kube.times import parse_time
 from framework.rollout.spec import Analysis, RolloutSpec, check_condition, parse_duration
 
 
@@ -81,7 +82,7 @@ def due(body_spec: dict[str, Any], status: dict[str, Any], now: datetime) -> Ana
         return None
     measured = record.get("measuredAt")
     if measured:
-        last = datetime.strptime(measured, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=now.tzinfo)
+        last = parse_time(measured)
         if now - last < timedelta(seconds=parse_duration(analysis.interval)):
             return None
     return analysis

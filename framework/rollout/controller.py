@@ -30,6 +30,7 @@ from framework.kube.api import about, bounded, get_or_none, post_event
 from framework.kube.meta import GROUP, MANAGER, VERSION
 from framework.kube.queue import WorkQueue
 from framework.kube.runtime import StatusWriter
+from framework.kube.times import format_time
 from framework.rollout import analysis, hooks, notify
 from framework.rollout.plan import (
     HOOKED_ANNOTATION,
@@ -39,7 +40,6 @@ from framework.rollout.plan import (
     RolloutPlan,
     plan_rollout,
     pod_view,
-    timestamp,
 )
 from framework.rollout.spec import KIND, PLURAL, Notifications, RolloutSpec, SecretKeyRef
 
@@ -201,7 +201,7 @@ class RolloutController:
             check = analysis.due(observed.spec, status, observed.now)
             if check is not None:
                 passed, seen = await analysis.measure(check, self.sender.http)
-                observed.status = analysis.record(status, passed, seen, timestamp(observed.now))
+                observed.status = analysis.record(status, passed, seen, format_time(observed.now))
             rolling = status.get("updateTemplateHash") != status.get("stableTemplateHash") or status.get(
                 "abortedTemplateHash"
             )

@@ -28,6 +28,7 @@ from framework.kube.api import EventNote
 from framework.kube.conditions import Condition
 from framework.kube.meta import API_VERSION, LABEL_MANAGED_BY, MANAGER, content_hash
 from framework.kube.model import describe_validation_error
+from framework.kube.times import format_time, parse_time
 from framework.rollout import analysis
 from framework.rollout.spec import KIND, OnFailure, RolloutSpec, Step, parse_duration
 
@@ -61,14 +62,6 @@ HEALTHY, PROGRESSING, PAUSED, DEGRADED, ROLLING_BACK, ABORTED, INVALID = (
 
 def template_hash(template: dict[str, Any]) -> str:
     return content_hash(template, 10)
-
-
-def timestamp(moment: datetime) -> str:
-    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def parse_time(text: str | None) -> datetime | None:
-    return datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC) if text else None
 
 
 @dataclass(frozen=True)
@@ -317,7 +310,7 @@ def plan_rollout(observed: RolloutObserved) -> RolloutPlan:
         else:
             status["stableRevision"] = run.current_revision or status.get("stableRevision", "")
             status["currentStepIndex"] = 0
-            status["stepStartedAt"] = status["batchStartedAt"] = timestamp(run.now)
+            status["stepStartedAt"] = status["batchStartedAt"] = format_time(run.now)
             status["history"] = []
             run.note(
                 "Normal",
@@ -447,7 +440,7 @@ def _progress(run: _Pass, template: dict[str, Any], wanted: str) -> RolloutPlan:
                 allowed -= 1
             partition = below
         if partition < released:
-            status["batchStartedAt"] = timestamp(run.now)
+            status["batchStartedAt"] = format_time(run.now)
             run.released = [f"{observed.name}-{o}" for o in range(released - 1, partition - 1, -1)]
         run.next_availability()
         updated = sum(1 for o in range(run.replicas) if run.updated(o))
@@ -473,8 +466,8 @@ def _step_done(run: _Pass, index: int, step: Step) -> int:
     entry: dict[str, Any] = {
         "step": index,
         "description": describe_step(step),
-        "startedAt": run.status.get("stepStartedAt") or timestamp(run.now),
-        "finishedAt": timestamp(run.now),
+        "startedAt": run.status.get("stepStartedAt") or format_time(run.now),
+        "finishedAt": format_time(run.now),
     }
     target = step_target(step, run.replicas)
     if target is not None:
@@ -483,7 +476,7 @@ def _step_done(run: _Pass, index: int, step: Step) -> int:
         entry["pods"] = pod_range(run.observed.name, run.replicas - target, run.replicas - before - 1)
     history.append(entry)
     run.status["history"] = history
-    run.status["stepStartedAt"] = run.status["batchStartedAt"] = timestamp(run.now)
+    run.status["stepStartedAt"] = run.status["batchStartedAt"] = format_time(run.now)
     done = f"step {index} ({describe_step(step)}) done"
     run.note("Normal", "StepCompleted", f"{done}: {entry['pods']} updated" if entry.get("pods") else done)
     return index + 1
@@ -582,7 +575,7 @@ def _finish(
             Condition(conditions.DEGRADED, phase in (DEGRADED, ROLLING_BACK, ABORTED), phase, message),
         ],
         observed.generation,
-        now=timestamp(run.now),
+        now=format_time(run.now),
     )
     after_ready = []
     if run.spec.strategy.hooks.after_ready:
@@ -616,6 +609,6 @@ def _invalid(observed: RolloutObserved, message: str) -> RolloutPlan:
             Condition(conditions.PROGRESSING, False, INVALID, message),
         ],
         observed.generation,
-        now=timestamp(observed.now),
+        now=format_time(observed.now),
     )
     return RolloutPlan(status=status, events=events)

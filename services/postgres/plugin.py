@@ -17,6 +17,7 @@ from framework.certificates import service_hosts
 from framework.kube.api import EventNote
 from framework.kube.meta import content_hash
 from framework.kube.pods import pod_ip
+from framework.kube.times import format_time
 from framework.plugin import (
     Backups,
     Bindings,
@@ -42,7 +43,6 @@ from services.postgres.primary import (
     Reclone,
     Repoint,
     RestartPod,
-    iso_seconds,
     ordinal,
     plan_primary,
 )
@@ -70,7 +70,7 @@ def in_place_step(
         observed.pods,
         observed.statefulset,
         primaries,
-        iso_seconds(now) if now else "",
+        format_time(now) if now else "",
     )
 
 

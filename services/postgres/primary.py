@@ -16,8 +16,9 @@ operator restarted in the middle of a failover continues it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any
+
+from framework.kube.times import format_time
 
 PRIMARY, REPLICA = "primary", "replica"
 # A standby that has not streamed for this long while the primary is healthy has diverged (or
@@ -382,7 +383,7 @@ def _start_change(
         "from": primary,
         "to": to.pod,
         "reason": why,
-        "startedAt": iso_seconds(observed.now),
+        "startedAt": format_time(observed.now),
         "startedAtSeconds": observed.now,
     }
     lsn = f" at LSN {format_lsn(to.facts.lsn)}" if to.facts else ""
@@ -418,7 +419,7 @@ def _finish_change(
             # It answers again before anything was promoted: nothing was lost, keep it.
             plan.target = None
             plan.labels = {pod: (PRIMARY if pod == primary else REPLICA) for pod in observed.members}
-            plan.failover = {**change, "cancelled": iso_seconds(observed.now)}
+            plan.failover = {**change, "cancelled": format_time(observed.now)}
             plan.events.append(("Normal", "FailoverCancelled", f"{primary} answers again as the primary"))
             plan.probe_again = 1.0
             return plan
@@ -462,7 +463,7 @@ def _finish_change(
     kind = change.get("kind", "Failover")
     plan.failover = {
         **{k: v for k, v in change.items() if k not in ("waiting", "promoting")},
-        "completedAt": iso_seconds(observed.now),
+        "completedAt": format_time(observed.now),
         "seconds": round(took, 1),
     }
     plan.actions.append(Repoint(tuple(p for p in observed.members if p != target), target))
@@ -490,7 +491,3 @@ def parse_lsn(text: str | None) -> int:
 
 def format_lsn(lsn: int) -> str:
     return f"{lsn >> 32:X}/{lsn & 0xFFFFFFFF:X}"
-
-
-def iso_seconds(seconds: float) -> str:
-    return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

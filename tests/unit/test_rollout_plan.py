@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from framework.kube.times import format_time
 from framework.rollout import analysis
 from framework.rollout.plan import (
     ROLLOUT_LABEL,
@@ -25,7 +26,6 @@ from framework.rollout.plan import (
     plan_rollout,
     pod_template,
     template_hash,
-    timestamp,
 )
 from framework.rollout.spec import RolloutSpec, check_condition
 
@@ -196,7 +196,7 @@ class Cluster:
                 self.status,
                 self.analysis_passes,
                 "HTTP 200" if self.analysis_passes else "HTTP 503",
-                timestamp(self.now),
+                format_time(self.now),
             )
         planned = plan_rollout(self.observe(body))
         if planned.needs_stable_template:
