@@ -19,13 +19,33 @@ from __future__ import annotations
 
 import json
 import re
+from enum import StrEnum
 from typing import Any
 
 ANNOTATION = "statefleet.dev/restore-in-place"
 STATUS_FIELD = "inPlaceRestore"
-RESTORE, ROLLBACK = "restore", "rollback"
-STOPPING, STARTING = "Stopping", "Starting"
-RESTORED, ROLLED_BACK, COMMITTED, FAILED = "Restored", "RolledBack", "Committed", "Failed"
+
+
+class Mode(StrEnum):
+    """What a Restore asks of the instance."""
+
+    RESTORE = "restore"
+    ROLLBACK = "rollback"
+
+
+class InPlacePhase(StrEnum):
+    """Where the instance stands in what it was asked (`status.inPlaceRestore.phase`)."""
+
+    STOPPING = "Stopping"
+    STARTING = "Starting"
+    RESTORED = "Restored"
+    ROLLED_BACK = "RolledBack"
+    COMMITTED = "Committed"
+    FAILED = "Failed"
+
+
+RESTORE, ROLLBACK = Mode
+STOPPING, STARTING, RESTORED, ROLLED_BACK, COMMITTED, FAILED = InPlacePhase
 FINISHED = frozenset({RESTORED, ROLLED_BACK, COMMITTED, FAILED})
 TOKEN = re.compile(r"^[0-9a-f]{8}$")
 

@@ -10,6 +10,7 @@ restarted operator follows the same Job. `Restore` (`backup.restore`) builds on 
 from __future__ import annotations
 
 import asyncio
+from enum import StrEnum
 from typing import Any
 
 from lightkube import AsyncClient, codecs
@@ -33,7 +34,18 @@ from framework.plugin import Backups, ServicePlugin
 from framework.spec import DeletionPolicy
 
 IMMUTABLE = {"x-kubernetes-validations": [{"rule": "self == oldSelf", "message": "spec is immutable"}]}
-PENDING, RUNNING, COMPLETED, FAILED = "Pending", "Running", "Completed", "Failed"
+
+
+class Phase(StrEnum):
+    """Where a Backup or a Restore stands (`status.phase`)."""
+
+    PENDING = "Pending"
+    RUNNING = "Running"
+    COMPLETED = "Completed"
+    FAILED = "Failed"
+
+
+PENDING, RUNNING, COMPLETED, FAILED = Phase
 
 
 class BackupStorageSpec(ApiModel):
@@ -350,7 +362,7 @@ class BackupKind(JobKind):
     def status_properties(self) -> dict[str, Any]:
         string, integer = {"type": "string"}, {"type": "integer", "format": "int64"}
         return {
-            "phase": {"type": "string", "enum": [PENDING, RUNNING, COMPLETED, FAILED]},
+            "phase": {"type": "string", "enum": [phase.value for phase in Phase]},
             "reason": string,
             "message": string,
             "method": string,

@@ -30,6 +30,7 @@ from backup.resources import (
     BackupKind,
     BackupSpec,
     JobKind,
+    Phase,
     backups_of,
     ready_condition,
     storage_client,
@@ -785,7 +786,7 @@ class RestoreKind(JobKind):
     def status_properties(self) -> dict[str, Any]:
         string = {"type": "string"}
         return {
-            "phase": {"type": "string", "enum": [PENDING, RUNNING, COMPLETED, FAILED]},
+            "phase": {"type": "string", "enum": [phase.value for phase in Phase]},
             "reason": string,
             "message": string,
             "job": string,

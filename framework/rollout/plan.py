@@ -19,6 +19,7 @@ import json
 import math
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from enum import StrEnum
 from typing import Any
 
 from pydantic import ValidationError
@@ -48,16 +49,19 @@ STUCK_REASONS = frozenset(
 )
 POLL = 5.0  # while pods are changing; their watch events usually come first
 
+
 # Phases, as users read them in `kubectl get stsr`.
-HEALTHY, PROGRESSING, PAUSED, DEGRADED, ROLLING_BACK, ABORTED, INVALID = (
-    "Healthy",
-    "Progressing",
-    "Paused",
-    "Degraded",
-    "RollingBack",
-    "Aborted",
-    "InvalidSpec",
-)
+class RolloutPhase(StrEnum):
+    HEALTHY = "Healthy"
+    PROGRESSING = "Progressing"
+    PAUSED = "Paused"
+    DEGRADED = "Degraded"
+    ROLLING_BACK = "RollingBack"
+    ABORTED = "Aborted"
+    INVALID = "InvalidSpec"
+
+
+HEALTHY, PROGRESSING, PAUSED, DEGRADED, ROLLING_BACK, ABORTED, INVALID = RolloutPhase
 
 
 def template_hash(template: dict[str, Any]) -> str:

@@ -464,7 +464,7 @@ class PostgresPlugin(ServicePlugin):
                 "properties": {
                     "token": {"type": "string", "description": "names the data kept aside"},
                     "restore": {"type": "string"},
-                    "mode": {"type": "string", "enum": [in_place.RESTORE, in_place.ROLLBACK]},
+                    "mode": {"type": "string", "enum": [mode.value for mode in in_place.Mode]},
                     "pod": {"type": "string", "description": "the pod that takes the backup"},
                     "phase": {"type": "string"},
                     "reason": {"type": "string"},
