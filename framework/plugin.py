@@ -53,6 +53,10 @@ class GeneratedSecret:
     def name(self, resource: str) -> str:
         return f"{resource}-{self.suffix}"
 
+    def env(self, variable: str, resource: str, key: str) -> dict[str, Any]:
+        """A container `env` entry with `key` of this Secret of instance `resource`."""
+        return {"name": variable, "valueFrom": {"secretKeyRef": {"name": self.name(resource), "key": key}}}
+
     def initial_data(self) -> dict[str, str]:
         alphabet = string.ascii_letters + string.digits
         generated = {

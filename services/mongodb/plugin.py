@@ -131,13 +131,10 @@ class MongoDBBackups(Backups):
     throwaway_spec: ClassVar[dict[str, Any]] = {"members": 1}
 
     def job_env(self, name: str) -> list[dict[str, Any]]:
-        def secret(variable: str, key: str) -> dict[str, Any]:
-            return {"name": variable, "valueFrom": {"secretKeyRef": {"name": ROOT.name(name), "key": key}}}
-
         return [
             {"name": "MONGODB_HOST", "value": name},
-            secret("MONGODB_USERNAME", "username"),
-            secret("MONGODB_PASSWORD", "password"),
+            ROOT.env("MONGODB_USERNAME", name, "username"),
+            ROOT.env("MONGODB_PASSWORD", name, "password"),
         ]
 
 

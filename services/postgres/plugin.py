@@ -167,21 +167,15 @@ class PostgresBackups(Backups):
         return {**recorded, "version": wanted}
 
     def job_env(self, name: str) -> list[dict[str, Any]]:
-        def secret(variable: str, generated: GeneratedSecret, key: str) -> dict[str, Any]:
-            return {
-                "name": variable,
-                "valueFrom": {"secretKeyRef": {"name": generated.name(name), "key": key}},
-            }
-
         return [
             {"name": "PGHOST", "value": f"{name}-rw"},
             {"name": "PGPORT", "value": "5432"},
             {"name": "PGSSLMODE", "value": "require"},
             {"name": "PGCONNECT_TIMEOUT", "value": "10"},
-            secret("PGUSER", SUPERUSER, "username"),
-            secret("PGPASSWORD", SUPERUSER, "password"),
-            secret("REPLICATION_USER", REPLICATION, "username"),
-            secret("REPLICATION_PASSWORD", REPLICATION, "password"),
+            SUPERUSER.env("PGUSER", name, "username"),
+            SUPERUSER.env("PGPASSWORD", name, "password"),
+            REPLICATION.env("REPLICATION_USER", name, "username"),
+            REPLICATION.env("REPLICATION_PASSWORD", name, "password"),
         ]
 
 

@@ -118,16 +118,10 @@ class RabbitMQBackups(Backups):
     throwaway_spec: ClassVar[dict[str, Any]] = {"replicas": 1}
 
     def job_env(self, name: str) -> list[dict[str, Any]]:
-        def secret(variable: str, key: str) -> dict[str, Any]:
-            return {
-                "name": variable,
-                "valueFrom": {"secretKeyRef": {"name": DEFAULT_USER.name(name), "key": key}},
-            }
-
         return [
             {"name": "RABBITMQ_MANAGEMENT_URL", "value": f"http://{name}:15672"},
-            secret("RABBITMQ_USERNAME", "username"),
-            secret("RABBITMQ_PASSWORD", "password"),
+            DEFAULT_USER.env("RABBITMQ_USERNAME", name, "username"),
+            DEFAULT_USER.env("RABBITMQ_PASSWORD", name, "password"),
         ]
 
 
