@@ -34,7 +34,15 @@ from framework.kube.pods import has_run
 from framework.kube.secrets import decoded
 from framework.kube.status import without_kopf
 from framework.kube.times import format_time
-from framework.plugin import TLS_CA, TLS_SERVER, Observed, Operations, ServicePlugin, ServiceStatus
+from framework.plugin import (
+    TLS_CA,
+    TLS_SERVER,
+    Observed,
+    Operations,
+    ServicePlugin,
+    ServiceStatus,
+    UnknownAction,
+)
 from framework.render import render_children
 
 
@@ -102,6 +110,9 @@ def plan(
     if unservable:
         return _invalid(observed, "InvalidSpec", unservable)
     operations = plugin.operate(spec, observed, now)
+    for action in operations.actions:
+        if not isinstance(action, plugin.actions):
+            raise UnknownAction(plugin, action)
     refusal = plugin.refuse_change(spec, observed)
     if refusal:
         return _invalid(observed, "ChangeRefused", refusal, operations)

@@ -220,6 +220,9 @@ class ServicePlugin:
         path = Path(module).parent / "catalog.yaml"
         return ServiceCatalog.model_validate(yaml.safe_load(path.read_text()))
 
+    # The kinds of action `operate` plans and `perform` carries out: a closed set, checked on
+    # every pass (any other is a bug: `UnknownAction`).
+    actions: ClassVar[tuple[type, ...]] = ()
     # Optional capabilities: each one a plugin has, it implements entirely; None: it has not.
     tls: Tls | None = None
     bindings: Bindings | None = None

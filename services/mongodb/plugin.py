@@ -146,6 +146,7 @@ class MongoDBPlugin(ServicePlugin):
     spec_model = MongoDBSpec
     generated_secrets = (ROOT, KEYFILE)
     child_kinds = ("Service", "PodDisruptionBudget", "StatefulsetRollout")
+    actions = (Initiate, Reconfigure, StepDown)
     bindings = MongoDBBindings()
     backups = MongoDBBackups()
 

@@ -191,6 +191,7 @@ class PostgresPlugin(ServicePlugin):
     child_kinds = ("ConfigMap", "Service", "PodDisruptionBudget", "StatefulsetRollout")
     # A new primary is promoted once <name>-rw lets go of the old.
     rbac_rules = ({"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["list"]},)
+    actions = (Promote, RestartPod, Repoint, Reclone, ReloadConfiguration)
     tls = PostgresTls()
     bindings = PostgresBindings()
     backups = PostgresBackups()

@@ -135,6 +135,7 @@ class RabbitMQPlugin(ServicePlugin):
     child_kinds = ("ConfigMap", "Service", "PodDisruptionBudget", "StatefulsetRollout")
     # A scale-down runs RabbitMQ's CLI in Jobs.
     rbac_rules = ({"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["get", "create", "delete"]},)
+    actions = (scale_down.DeleteJob, scale_down.RunCli)
     bindings = RabbitMQBindings()
     backups = RabbitMQBackups()
 

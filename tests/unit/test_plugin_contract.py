@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 
 from framework.instance_plan import plan
-from framework.plugin import Observed, ServicePlugin, UnknownAction
+from framework.plugin import Observed, Operations, ServicePlugin, UnknownAction
+from services.postgres import PLUGIN as POSTGRES_PLUGIN
 from statefleet.plugins import PluginError, in_process_hooks, load_catalog, load_plugins
 
 pytestmark = pytest.mark.unit
@@ -52,3 +54,14 @@ def test_the_user_kind_a_binding_makes_is_one_of_the_plugin_s_kinds(plugin: Serv
     if plugin.bindings is None:
         pytest.skip(f"{plugin.kind} takes no bindings")
     assert plugin.bindings.user_kind in [kind.kind for kind in plugin.in_service_kinds()]
+
+
+def test_an_action_outside_the_plugin_s_set_is_refused_when_planned() -> None:
+    class Leaky(type(POSTGRES_PLUGIN)):  # type: ignore[misc]
+        def operate(self, spec: Any, observed: Observed, now: float) -> Operations:
+            return Operations(actions=["drop the database"])
+
+    spec = {"instances": 1, "storage": {"size": "1Gi"}}
+    observed = Observed(name="demo", namespace="apps", generation=1, spec=spec, status={})
+    with pytest.raises(UnknownAction, match="Postgres does not carry out 'drop the database'"):
+        plan(Leaky(), observed, load_catalog(PLUGINS), "uid")
