@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import secrets
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -61,7 +62,7 @@ class Outcome:
     events: tuple[EventNote, ...] = ()
 
 
-class ObjectKind:
+class ObjectKind(ABC):
     """One kind of object inside a service (a plugin's user kind) or around it (bindings)."""
 
     kind: ClassVar[str]
@@ -71,8 +72,9 @@ class ObjectKind:
     finalizes: ClassVar[bool] = True  # False: nothing inside a service to undo on deletion
     deleted_by_operator: ClassVar[bool] = False  # the operator deletes some itself (its RBAC says so)
 
+    @abstractmethod
     async def reconcile(self, client: AsyncClient, body: dict[str, Any], spec: Any) -> Outcome:
-        raise NotImplementedError
+        """One pass: what the object wants made, made; where it stands."""
 
     async def finalize(self, client: AsyncClient, body: dict[str, Any], spec: Any) -> Outcome:
         """Undoes what `reconcile` made; `ready` True lets the object go."""

@@ -191,7 +191,7 @@ class Backups(ABC):
         return self.bootstrap_methods if self.restores_in_place else ()
 
 
-class ServicePlugin:
+class ServicePlugin(ABC):
     kind: ClassVar[str]
     plural: ClassVar[str]
     short_names: ClassVar[tuple[str, ...]] = ()
@@ -248,8 +248,10 @@ class ServicePlugin:
         """Extra variables for the templates; `spec`, `name`, `namespace`, `image`, `labels` are given."""
         return {}
 
+    @abstractmethod
     def read_status(self, spec: BaseModel, version: ResolvedVersion, observed: Observed) -> ServiceStatus:
-        raise NotImplementedError
+        """Pure: the service's reading (ready instances, ready, degraded, message, its own
+        status fields), from what was observed with what `operate` decided merged in."""
 
     def operate(self, spec: BaseModel, observed: Observed, now: float) -> Operations:
         """Pure: what to do inside the service given what its pods and servers showed (labels
@@ -265,8 +267,8 @@ class ServicePlugin:
         return None
 
     async def perform(self, client: AsyncClient, observed: Observed, action: Any) -> None:
-        """Carries out one of the actions `operate` planned."""
-        raise NotImplementedError(f"{self.kind} plans no actions")
+        """Carries out one of the actions `operate` planned (one of `actions`)."""
+        raise UnknownAction(self, action)
 
     def status_properties(self) -> dict[str, Any]:
         """OpenAPI properties of the plugin's own status fields."""

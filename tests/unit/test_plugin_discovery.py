@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from framework.plugin import ServicePlugin
 from services.postgres import PLUGIN as POSTGRES
 from statefleet.plugins import ENTRY_POINTS, PluginError, checked, load_plugins
 
@@ -17,7 +16,7 @@ pytestmark = pytest.mark.unit
 A_SEPARATE_PACKAGE = """
 from pydantic import BaseModel
 
-from framework.plugin import ServicePlugin
+from framework.plugin import ServicePlugin, ServiceStatus
 
 
 class EchoSpec(BaseModel):
@@ -29,6 +28,9 @@ class EchoPlugin(ServicePlugin):
     plural = "echoes"
     service = "echo"
     spec_model = EchoSpec
+
+    def read_status(self, spec, version, observed):
+        return ServiceStatus(0, 1, False, "never ready")
 
 
 PLUGIN = EchoPlugin()
@@ -72,8 +74,11 @@ def test_a_kind_served_twice_is_refused() -> None:
 
 
 def test_a_second_plugin_of_one_service_is_refused() -> None:
-    class Other(ServicePlugin):
-        kind, plural, service = "Other", "others", "postgres"
+    class Other(type(POSTGRES)):  # type: ignore[misc]
+        kind, plural = "Other", "others"
+
+        def in_service_kinds(self) -> list:
+            return []
 
     with pytest.raises(PluginError, match="elsewhere is a second plugin of the service postgres"):
         checked([("services.postgres.PLUGIN", POSTGRES), ("elsewhere", Other())])
