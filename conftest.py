@@ -13,7 +13,7 @@ import pytest
 from lightkube import Client
 
 from e2e import kube as kube_helpers
-from e2e.namespaces import DeletedNamespaces
+from e2e.namespaces import FAILURES, DeletedNamespaces
 from e2e.scheduling import GROUPS_FILE, LongestFirstScheduling, write_groups
 from e2e.timing import RECORDER
 
@@ -45,6 +45,8 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     # records its own.
     if report.nodeid.startswith(TIMED) and getattr(report, "node", None) is None:
         RECORDER.phase(report.nodeid, report.when, report.duration, report.outcome)
+        if report.failed:
+            FAILURES.append(report.nodeid)  # its namespaces keep their evidence when deleted
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:

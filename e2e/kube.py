@@ -46,7 +46,7 @@ def client() -> Client:
 def statefleet(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     """The CLI (`statefleet ...`, also `kubectl statefleet ...`), as a user runs it."""
     env = {**os.environ, "KUBECONFIG": str(kubeconfig_path())}
-    command = [sys.executable, "-m", "framework", *args]
+    command = [sys.executable, "-m", "statefleet", *args]
     return subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout, check=False)
 
 

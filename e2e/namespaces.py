@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
 import time
 import uuid
 
@@ -12,6 +13,8 @@ from lightkube import Client
 from lightkube.core.exceptions import ApiError
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Namespace
+
+from e2e.kube import REPO, kubeconfig_path
 
 TEST_LABEL = {"statefleet.dev/test": "true"}
 
@@ -44,6 +47,43 @@ def namespace_prefix(kind: str = "t") -> str:
     return f"{kind}{worker_tag()}-"
 
 
+# Tests of this process that failed so far, and how many had when each namespace was made: a
+# namespace deleted after one more failed keeps its evidence (see `save_evidence`).
+FAILURES: list[str] = []
+FAILURES_AT: dict[str, int] = {}
+EVIDENCE = REPO / ".testbed" / "logs" / "evidence"
+KUBECTL = REPO / ".testbed" / "bin" / "kubectl"
+
+
+def save_evidence(name: str) -> None:
+    """What a failure leaves to look at once its namespace is gone: every pod's description and
+    logs (each container's, and its previous run's after a restart) and the namespace's Events.
+    Best effort: it never fails the run."""
+    folder = EVIDENCE / name
+    folder.mkdir(parents=True, exist_ok=True)
+    base = [str(KUBECTL), "--kubeconfig", str(kubeconfig_path()), "-n", name]
+
+    def save(file: str, *args: str) -> None:
+        try:
+            done = subprocess.run([*base, *args], capture_output=True, text=True, timeout=60, check=False)
+            (folder / file).write_text(done.stdout + done.stderr)
+        except (OSError, subprocess.SubprocessError) as error:
+            (folder / file).write_text(f"{error}\n")
+
+    save("events.txt", "get", "events", "--sort-by=.lastTimestamp")
+    save("pods.txt", "describe", "pods")
+    try:
+        pods = subprocess.run(
+            [*base, "get", "pods", "-o", "jsonpath={range .items[*]}{.metadata.name}{'\\n'}{end}"],
+            capture_output=True, text=True, timeout=60, check=False,
+        ).stdout.split()  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        pods = []
+    for pod in pods:
+        save(f"{pod}.log", "logs", pod, "--all-containers", "--prefix", "--timestamps")
+        save(f"{pod}.previous.log", "logs", pod, "--all-containers", "--prefix", "--timestamps", "--previous")
+
+
 class DeletedNamespaces:
     """Namespaces deleted by this worker's tests. A test does not wait for its namespace to
     go (17 to 71 s each, mostly pods stopping): the deletions go on while the next tests run,
@@ -54,6 +94,8 @@ class DeletedNamespaces:
         self.deleted: dict[str, float] = {}  # name -> when it was deleted (monotonic)
 
     def delete(self, name: str) -> None:
+        if len(FAILURES) > FAILURES_AT.pop(name, len(FAILURES)):
+            save_evidence(name)
         try:
             self.kube.delete(Namespace, name)
         except ApiError as error:
@@ -90,4 +132,5 @@ def new_namespace(kube: Client, prefix: str, readable: str) -> str:
     readable = re.sub(r"[^a-z0-9]+", "-", readable.lower())[:40].strip("-")
     name = f"{prefix}{readable}-{uuid.uuid4().hex[:5]}"
     kube.create(Namespace(metadata=ObjectMeta(name=name, labels=TEST_LABEL)))
+    FAILURES_AT[name] = len(FAILURES)
     return name
