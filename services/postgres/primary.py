@@ -452,7 +452,12 @@ def _finish_change(
         plan.probe_again = 0.2
         return plan
     if chosen.standby:
-        plan.failover = {**change, "promoting": True}
+        if change.get("promoting") != target:
+            # Recorded before it is asked: a promotion whose call failed, or whose answer was
+            # lost (a busy machine), is asked again of the same pod, never of another.
+            plan.failover = {**change, "promoting": target}
+            plan.probe_again = 0.05
+            return plan
         plan.actions.append(Promote(target))
         plan.probe_again = 0.2
         return plan

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -182,14 +183,36 @@ CHANGING = {
 }
 
 
+def promotion(observed: PrimaryInput) -> list:
+    """What the planner asks once it recorded whom it promotes: that comes first, in a pass of
+    its own, so a promotion whose call failed is never followed by another pod's."""
+    first = plan_primary(observed)
+    assert first.actions == []
+    assert first.failover is not None
+    assert first.failover["promoting"] == first.target
+    again = plan_primary(replace(observed, status={**observed.status, "failover": first.failover}))
+    assert set(again.labels.values()) == {REPLICA}
+    return again.actions
+
+
 def test_the_promotion_waits_until_the_rw_service_has_no_endpoint() -> None:
     members = (member("demo-0", None, ready=False), member("demo-1", standby()))
     plan = plan_primary(observe(*members, status=CHANGING, rw_endpoints=frozenset({"demo-0"})))
     assert plan.actions == []
     assert set(plan.labels.values()) == {REPLICA}
-    plan = plan_primary(observe(*members, status=CHANGING))
-    assert plan.actions == [Promote("demo-1")]
-    assert set(plan.labels.values()) == {REPLICA}
+    assert promotion(observe(*members, status=CHANGING)) == [Promote("demo-1")]
+
+
+def test_a_promotion_asked_is_never_followed_by_another_pod_s() -> None:
+    # demo-1 was asked (its call timed out on a busy machine) and is silent for now; demo-2
+    # answers and is as advanced: promoting it too would make two primaries.
+    status = {**CHANGING, "failover": {**CHANGING["failover"], "promoting": "demo-1"}}
+    silent = member("demo-1", None, ready=False, silent_since=CLOCK - 60)
+    plan = plan_primary(
+        observe(member("demo-0", None, ready=False), silent, member("demo-2", standby()), status=status)
+    )
+    assert plan.actions == []
+    assert plan.target == "demo-1"
 
 
 def test_once_promoted_the_new_primary_gets_the_label_and_the_standbys_are_repointed() -> None:
@@ -268,10 +291,10 @@ def test_a_switchover_stops_the_old_primary_cleanly_then_promotes() -> None:
         )
     )
     assert plan.actions == []
-    plan = plan_primary(
-        observe(member("demo-0", None, ready=False), member("demo-1", standby()), status=status, **request)
+    stopped = observe(
+        member("demo-0", None, ready=False), member("demo-1", standby()), status=status, **request
     )
-    assert plan.actions == [Promote("demo-1")]
+    assert promotion(stopped) == [Promote("demo-1")]
 
 
 def test_a_switchover_request_is_served_once() -> None:
@@ -363,7 +386,7 @@ def test_a_primary_deleted_on_purpose_hands_over_only_once_its_server_stopped() 
     stopped = member("demo-0", None, terminating=True)
     assert plan_primary(observe(stopped, member("demo-1", standby()), status=status)).actions == []
     gone = observe(member("demo-1", standby()), status=status)
-    assert plan_primary(gone).actions == [Promote("demo-1")]
+    assert promotion(gone) == [Promote("demo-1")]
 
 
 def test_a_switchover_to_a_ready_pod_not_probed_yet_waits_for_its_answer() -> None:
