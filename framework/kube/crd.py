@@ -57,6 +57,25 @@ def _clean(node: Any, definitions: dict[str, Any]) -> Any:
     return cleaned
 
 
+def dropped_fields(value: Any, schema: dict[str, Any], path: str = "status") -> list[str]:
+    """The paths in `value` the API server would drop when it writes it under `schema` (it
+    prunes an object's fields its schema does not name, unless it preserves unknown fields)."""
+    if isinstance(value, list):
+        items = schema.get("items") or {}
+        return [p for i, item in enumerate(value) for p in dropped_fields(item, items, f"{path}[{i}]")]
+    if not isinstance(value, dict) or schema.get("type") != "object":
+        return []
+    known = schema.get("properties")
+    keeps_unknown = schema.get("x-kubernetes-preserve-unknown-fields") or known is None
+    dropped = []
+    for key, item in value.items():
+        if known is not None and key in known:
+            dropped += dropped_fields(item, known[key], f"{path}.{key}")
+        elif not keeps_unknown:
+            dropped.append(f"{path}.{key}")
+    return dropped
+
+
 def build_crd(
     kind: str,
     plural: str,

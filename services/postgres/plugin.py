@@ -434,6 +434,10 @@ class PostgresPlugin(ServicePlugin):
                     "completedAt": {"type": "string"},
                     "seconds": {"type": "number"},
                     "waiting": {"type": "string"},
+                    "promoting": {
+                        "type": "string",
+                        "description": "the pod asked to promote, recorded before it is asked",
+                    },
                 },
             },
             "switchover": {

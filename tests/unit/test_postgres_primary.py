@@ -471,3 +471,21 @@ def test_a_new_clusters_first_primary_is_starting_not_down() -> None:
     plan = plan_primary(observe(starting, member("demo-1", None, ready=False), status={"initialized": False}))
     assert plan.target is None
     assert plan.events == []  # no FailoverWaiting before there was anything to fail over
+
+
+def test_what_a_change_records_is_kept_by_the_api_server() -> None:
+    # The API server drops status fields its schema does not name: a "promoting" mark it
+    # dropped once let a second pod be promoted in the same change.
+    from framework.kube.crd import dropped_fields
+    from services.postgres import PLUGIN
+
+    schema = PLUGIN.crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]
+    members = (member("demo-0", None, ready=False), member("demo-1", standby()))
+    recorded = plan_primary(observe(*members, status=CHANGING))
+    status = {**CHANGING, "targetPrimary": recorded.target, "failover": recorded.failover}
+    assert recorded.failover is not None
+    assert "promoting" in recorded.failover
+    assert dropped_fields(status, schema) == []
+    assert dropped_fields({"failover": {"kind": "Failover", "unheard": 1}}, schema) == [
+        "status.failover.unheard"
+    ]
