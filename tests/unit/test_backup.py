@@ -11,7 +11,7 @@ from pydantic import ValidationError
 from backup.job import build_job
 from backup.manifest import Manifest, ManifestObject, Piece, location, manifest_key
 from backup.resources import BackupSpec
-from backup.restore import RestoreSpec, replace_refusal, replace_token
+from backup.restore_plan import RestoreSpec, replace_refusal, replace_token
 from backup.run import bounded
 from backup.storage import S3Spec, encryption_args, object_key, piece_key
 from framework.kube.jobs import job_name, job_state, last_progress

@@ -6,7 +6,7 @@ from typing import Any
 import pytest
 
 from backup import in_place
-from backup.restore import RestoreSpec, replace_refusal
+from backup.restore_plan import RestoreSpec, replace_refusal
 from framework.catalog import Catalog
 from framework.instance_plan import plan
 from framework.plugin import Observed
