@@ -28,7 +28,14 @@ from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from backup.driver import Source, load_driver
+from backup.driver import (
+    BootstrapsPhysical,
+    ReplacesInPlace,
+    ReplacesOnline,
+    Source,
+    capability,
+    load_driver,
+)
 from backup.manifest import Manifest, ManifestObject, Piece, manifest_key
 from backup.storage import (
     ChecksumMismatch,
@@ -181,44 +188,54 @@ def checked_chunks(client: Any, spec: S3Spec, entry: ManifestObject, progress: P
 
 
 def restore(request: dict[str, Any], client: Any, spec: S3Spec) -> dict[str, Any]:
-    manifest = read_manifest(client, spec, request["location"])
-    source = verified_source(client, spec, manifest)  # before anything is applied
     driver = load_driver(request["driver"])
     replace = request.get("replace")
+    replacing = capability(driver, ReplacesOnline, "a restore over the instance's data") if replace else None
+    manifest = read_manifest(client, spec, request["location"])
+    source = verified_source(client, spec, manifest)  # before anything is applied
     try:
-        details = driver.restore(manifest, source, replace)
+        if replacing:
+            details = replacing.restore(manifest, source, replace)
+        else:
+            details = driver.restore(manifest, source)
         if "check" in request:
             say("progress", {"checking": True})
             details["check"] = driver.check(
                 manifest, request["check"].get("query"), request["check"].get("database")
             )
     except BaseException:
-        if replace:  # the instance's own data back before the failure is reported
+        if replacing:  # the instance's own data back before the failure is reported
             try:
-                driver.roll_back(replace)
+                replacing.roll_back(replace)
             except Exception as error:  # the rollback Job the operator starts tries again
                 say("progress", {"rollbackFailed": str(error)[:500]})
         raise
-    if replace:
-        details.update(driver.commit(replace))
+    if replacing:
+        details.update(replacing.commit(replace))
     return {"bytes": manifest.size, "objects": len(manifest.objects), "details": details}
 
 
 def roll_back(request: dict[str, Any], client: Any, spec: S3Spec) -> dict[str, Any]:
     """After a replacing restore's Job failed, perhaps without putting things back (killed):
     from what the instance recorded, not from the storage."""
-    details = load_driver(request["driver"]).roll_back(request["replace"])
+    driver = capability(load_driver(request["driver"]), ReplacesOnline, "a rollback")
+    details = driver.roll_back(request["replace"])
     return {"bytes": 0, "objects": 0, "details": details}
 
 
 def check(request: dict[str, Any], client: Any, spec: S3Spec) -> dict[str, Any]:
     """An instance that started from a physical backup: is it that backup, does it read well."""
+    driver = load_driver(request["driver"])
+    in_place = (
+        capability(driver, ReplacesInPlace, "the check of a restore in place")
+        if request.get("replace")
+        else None
+    )
     manifest = read_manifest(client, spec, request["location"])
     wanted = request.get("check") or {}
-    driver = load_driver(request["driver"])
     details = {"check": driver.check(manifest, wanted.get("query"), wanted.get("database"))}
-    if request.get("replace"):  # restored in place: what was kept aside goes once checked
-        details.update(driver.commit_in_place(request["replace"]))
+    if in_place:  # restored in place: what was kept aside goes once checked
+        details.update(in_place.commit_in_place(request["replace"]))
     return {"bytes": 0, "objects": len(manifest.objects), "details": details}
 
 
@@ -258,6 +275,7 @@ def bootstrap(request: dict[str, Any], client: Any, spec: S3Spec) -> dict[str, A
     driver = load_driver(request["driver"])
     token = os.environ.get("RESTORE_TOKEN")
     if token:  # a physical backup restored over a running instance (`backup.in_place`)
+        in_place = capability(driver, ReplacesInPlace, "a restore in place")
 
         def fetch() -> tuple[Manifest, Source]:
             if request.get("replace") != token:
@@ -275,8 +293,9 @@ def bootstrap(request: dict[str, Any], client: Any, spec: S3Spec) -> dict[str, A
                 return manifest, streamed_source(client, spec, manifest)
             return manifest, verified_source(client, spec, manifest)
 
-        return driver.replace_in_place(os.environ["RESTORE_MODE"], token, fetch)
-    why_not = driver.bootstrap_wanted()
+        return in_place.replace_in_place(os.environ["RESTORE_MODE"], token, fetch)
+    bootstrapping = capability(driver, BootstrapsPhysical, "a bootstrap")
+    why_not = bootstrapping.bootstrap_wanted()
     if why_not:
         return {"skipped": why_not}
     manifest = read_manifest(client, spec, request["location"])
@@ -285,7 +304,7 @@ def bootstrap(request: dict[str, Any], client: Any, spec: S3Spec) -> dict[str, A
     # One pass: the data is extracted aside on an empty volume and moved into place only once
     # every piece matched, so nothing is applied before the checksums are.
     try:
-        return driver.bootstrap(manifest, streamed_source(client, spec, manifest))
+        return bootstrapping.bootstrap(manifest, streamed_source(client, spec, manifest))
     except (StorageError, BotoCoreError, ClientError, OSError, Stopped):
         raise
     except Exception:

@@ -162,14 +162,17 @@ class Backups(ABC):
     driver: ClassVar[str]
     methods: ClassVar[tuple[str, ...]]
     # Methods whose backup becomes a new instance's data before its server starts (an init
-    # container runs the driver's `bootstrap`, e.g. physical). Any other method is restored
-    # by a Job into the running instance.
+    # container runs the driver's `bootstrap`, e.g. physical; the driver is then a
+    # `backup.driver.BootstrapsPhysical`). Any other method is restored by a Job into the
+    # running instance.
     bootstrap_methods: ClassVar[tuple[str, ...]] = ()
     # Methods a Restore may restore over an existing instance by a Job (`target.replace`: the
-    # driver's `restore` with a token, `roll_back` and `commit`, e.g. logical).
+    # driver's `restore` with a token, `roll_back` and `commit`, e.g. logical; the driver is
+    # then a `backup.driver.ReplacesOnline`).
     replaces_online: ClassVar[tuple[str, ...]] = ()
     # A physical backup restored over a running instance (`backup.in_place`): the plugin
-    # stops the instance, takes the backup in an init container and answers in status.
+    # stops the instance, takes the backup in an init container and answers in status (the
+    # driver is then a `backup.driver.ReplacesInPlace`).
     restores_in_place: ClassVar[bool] = False
     # The spec fields of the smallest instance (a BackupPlan's restore tests make throwaways).
     throwaway_spec: ClassVar[dict[str, Any]]

@@ -19,7 +19,7 @@ from bson.codec_options import CodecOptions
 from bson.raw_bson import RawBSONDocument
 from pymongo import MongoClient
 
-from backup.driver import CheckFailed, Sink, Source, Taken
+from backup.driver import CheckFailed, Driver, Sink, Source, Taken
 from backup.manifest import Manifest
 
 SYSTEM_DATABASES = frozenset({"admin", "local", "config"})
@@ -106,7 +106,9 @@ def index_specs(indexes: list[dict[str, Any]]) -> list[dict[str, Any]]:
     ]
 
 
-class MongoDBDriver:
+class MongoDBDriver(Driver):
+    """No capability beyond the core: a dump is restored into a new instance, once it runs."""
+
     methods = ("dump",)
 
     def backup(self, method: str, sink: Sink) -> Taken:
@@ -143,9 +145,7 @@ class MongoDBDriver:
                     )
         return Taken(version, details={"databases": collections, "views": views})
 
-    def restore(self, manifest: Manifest, source: Source, replace: str | None = None) -> dict[str, Any]:
-        if replace:
-            raise DumpRefused("a MongoDB dump is restored into a new instance, not over one")
+    def restore(self, manifest: Manifest, source: Source) -> dict[str, Any]:
         expected: dict[str, dict[str, int]] = manifest.details.get("databases") or {}
         restored: dict[str, dict[str, int]] = {}
         with connect() as mongo:
@@ -220,18 +220,6 @@ class MongoDBDriver:
                 if not answer:
                     raise CheckFailed(f"spec.check.query answered {answer!r}: {json_util.dumps(reply)[:300]}")
         return {"databases": found, **({"query": answer} if query else {})}
-
-    def roll_back(self, replace: str) -> dict[str, Any]:
-        raise DumpRefused("a MongoDB dump is never restored over an instance")
-
-    def commit(self, replace: str) -> dict[str, Any]:
-        raise DumpRefused("a MongoDB dump is never restored over an instance")
-
-    def bootstrap_wanted(self) -> str | None:
-        return "a MongoDB dump is restored once the instance runs"
-
-    def bootstrap(self, manifest: Manifest, source: Source) -> dict[str, Any]:
-        raise DumpRefused("a MongoDB dump is restored once the instance runs")
 
 
 DRIVER = MongoDBDriver()

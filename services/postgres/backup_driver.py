@@ -27,7 +27,15 @@ from typing import Any
 
 import psycopg
 
-from backup.driver import CheckFailed, Sink, Source, Taken
+from backup.driver import (
+    BootstrapsPhysical,
+    CheckFailed,
+    ReplacesInPlace,
+    ReplacesOnline,
+    Sink,
+    Source,
+    Taken,
+)
 from backup.manifest import Manifest, PhysicalPosition
 from backup.storage import CHUNK
 from services.postgres import backup_in_place, backup_replace
@@ -315,7 +323,10 @@ def replication_env() -> dict[str, str]:
     return env
 
 
-class PostgresDriver:
+class PostgresDriver(ReplacesOnline, BootstrapsPhysical, ReplacesInPlace):
+    """Logical backups restored over a running instance by a Job; physical ones as a new
+    instance's data, or over a running instance stopped for it."""
+
     methods = ("logical", "physical")
 
     def backup(self, method: str, sink: Sink) -> Taken:

@@ -14,7 +14,7 @@ from typing import Any
 
 import httpx2
 
-from backup.driver import CheckFailed, Sink, Source, Taken
+from backup.driver import CheckFailed, Driver, Sink, Source, Taken
 from backup.manifest import Manifest
 
 DEFINITIONS = "definitions.json"
@@ -74,7 +74,9 @@ def missing(backup: dict[str, Any], cluster: dict[str, Any]) -> dict[str, list[s
     return gaps
 
 
-class RabbitMQDriver:
+class RabbitMQDriver(Driver):
+    """No capability beyond the core: definitions are imported into a new cluster, once it runs."""
+
     methods = ("definitions",)
 
     def backup(self, method: str, sink: Sink) -> Taken:
@@ -85,9 +87,7 @@ class RabbitMQDriver:
         sink.write_object(DEFINITIONS, iter([json.dumps(definitions).encode()]))
         return Taken(version, details={"definitions": counts(definitions)})
 
-    def restore(self, manifest: Manifest, source: Source, replace: str | None = None) -> dict[str, Any]:
-        if replace:
-            raise DefinitionsRefused("RabbitMQ definitions are restored into a new cluster, not over one")
+    def restore(self, manifest: Manifest, source: Source) -> dict[str, Any]:
         raw = b"".join(source(DEFINITIONS))
         api("POST", "definitions", raw)
         backed_up = json.loads(raw)
@@ -107,18 +107,6 @@ class RabbitMQDriver:
         if short:
             raise CheckFailed(f"the cluster holds fewer definitions than the backup: {short}")
         return {"definitions": found}
-
-    def roll_back(self, replace: str) -> dict[str, Any]:
-        raise DefinitionsRefused("RabbitMQ definitions are never restored over a cluster")
-
-    def commit(self, replace: str) -> dict[str, Any]:
-        raise DefinitionsRefused("RabbitMQ definitions are never restored over a cluster")
-
-    def bootstrap_wanted(self) -> str | None:
-        return "RabbitMQ definitions are imported once the cluster runs"
-
-    def bootstrap(self, manifest: Manifest, source: Source) -> dict[str, Any]:
-        raise DefinitionsRefused("RabbitMQ definitions are imported once the cluster runs")
 
 
 def raise_if_missing(backup: dict[str, Any], cluster: dict[str, Any]) -> None:

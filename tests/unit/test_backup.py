@@ -4,10 +4,12 @@ parsers, the Job it runs and what the Job's pod tells when it ends."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
 
+from backup import run
 from backup.job import build_job
 from backup.manifest import Manifest, ManifestObject, Piece, location, manifest_key
 from backup.resources import BackupSpec
@@ -292,3 +294,30 @@ def test_a_report_fits_the_termination_message_and_stays_json() -> None:
     assert json.loads(bounded(error))["error"]["reason"] == "CommandFailed"
     small = {"result": {"bytes": 1}}
     assert json.loads(bounded(small)) == small
+
+
+@pytest.mark.parametrize(
+    ("action", "capability"),
+    [("rollback", "ReplacesOnline"), ("restore", "ReplacesOnline"), ("check", "ReplacesInPlace")],
+)
+def test_a_job_asking_a_driver_for_a_capability_it_lacks_is_refused_naming_both(
+    action: str, capability: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    storage = S3Spec(endpoint="http://127.0.0.1:9", bucket="backups", credentialsSecret="s3-creds")
+    request = {
+        "action": action,
+        "driver": "services.rabbitmq.backup_driver",
+        "storage": storage.to_api(),
+        "location": "apps/demo-now",
+        "replace": "0a1b2c3d",
+    }
+    monkeypatch.setenv("STATEFLEET_BACKUP_REQUEST", json.dumps(request))
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "key")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "secret")
+    monkeypatch.setattr(run.signal, "signal", lambda *_: None)
+    monkeypatch.setattr(run, "TERMINATION_LOG", tmp_path / "termination-log")
+    assert run.main() == 1
+    error = json.loads((tmp_path / "termination-log").read_text())["error"]
+    assert error["reason"] == "MissingCapability"
+    assert capability in error["message"]
+    assert "services.rabbitmq.backup_driver.RabbitMQDriver" in error["message"]

@@ -7,14 +7,16 @@ from typing import Any
 
 import pytest
 
+from backup.driver import BootstrapsPhysical, Driver, ReplacesInPlace, ReplacesOnline, load_driver
 from framework.instance_plan import plan
-from framework.plugin import Observed, Operations, ServicePlugin, UnknownAction
+from framework.plugin import Backups, Observed, Operations, ServicePlugin, UnknownAction
 from services.postgres import PLUGIN as POSTGRES_PLUGIN
 from statefleet.plugins import PluginError, in_process_hooks, load_catalog, load_plugins
 
 pytestmark = pytest.mark.unit
 
 PLUGINS = load_plugins()
+BACKED_UP = [p for p in PLUGINS if p.backups]
 
 
 @pytest.mark.parametrize("plugin", PLUGINS, ids=[p.service for p in PLUGINS])
@@ -65,3 +67,25 @@ def test_an_action_outside_the_plugin_s_set_is_refused_when_planned() -> None:
     observed = Observed(name="demo", namespace="apps", generation=1, spec=spec, status={})
     with pytest.raises(UnknownAction, match="Postgres does not carry out 'drop the database'"):
         plan(Leaky(), observed, load_catalog(PLUGINS), "uid")
+
+
+def asked_of_the_driver(backups: Backups) -> list[type[Driver]]:
+    """The driver capabilities the operator asks for, given what the plugin declares."""
+    declared = {
+        ReplacesOnline: bool(backups.replaces_online),
+        BootstrapsPhysical: bool(backups.bootstrap_methods),
+        ReplacesInPlace: backups.restores_in_place,
+    }
+    return [kind for kind, asked in declared.items() if asked]
+
+
+@pytest.mark.parametrize("plugin", BACKED_UP, ids=[p.service for p in BACKED_UP])
+def test_a_plugin_s_driver_has_every_capability_the_plugin_declares(plugin: ServicePlugin) -> None:
+    assert plugin.backups is not None
+    backups = plugin.backups
+    driver = load_driver(backups.driver)
+    assert isinstance(driver, Driver)
+    missing = [kind.__name__ for kind in asked_of_the_driver(backups) if not isinstance(driver, kind)]
+    assert missing == [], f"{backups.driver}: the plugin {plugin.service} asks for what its driver lacks"
+    assert sorted(driver.methods) == sorted(backups.methods)
+    assert set(backups.bootstrap_methods + backups.replaces_online) <= set(backups.methods)
