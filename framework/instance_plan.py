@@ -10,7 +10,7 @@ Event only on a transition. Reconciling twice changes nothing.
 from __future__ import annotations
 
 import base64
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -35,6 +35,7 @@ from framework.kube.secrets import decoded
 from framework.kube.status import without_kopf
 from framework.kube.times import format_time
 from framework.plugin import (
+    INVALID_SPEC,
     TLS_CA,
     TLS_SERVER,
     Observed,
@@ -42,6 +43,7 @@ from framework.plugin import (
     ServicePlugin,
     ServiceStatus,
     UnknownAction,
+    decided,
 )
 from framework.render import render_children
 
@@ -101,21 +103,19 @@ def plan(
     try:
         spec = plugin.spec_model.model_validate(observed.spec)
     except ValidationError as error:
-        return _invalid(observed, "InvalidSpec", describe_validation_error(error))
+        return _invalid(observed, INVALID_SPEC, describe_validation_error(error))
     try:
         version = resolve(catalog, plugin.service, getattr(spec, "version", None))
     except VersionRefused as error:
-        return _invalid(observed, "InvalidSpec", str(error))
-    unservable = plugin.refuse_version(spec, version, observed)
-    if unservable:
-        return _invalid(observed, "InvalidSpec", unservable)
-    operations = plugin.operate(spec, observed, now)
+        return _invalid(observed, INVALID_SPEC, str(error))
+    service = plugin.plan(spec, version, observed, now)
+    operations = service.operations
     for action in operations.actions:
         if not isinstance(action, plugin.actions):
             raise UnknownAction(plugin, action)
-    refusal = plugin.refuse_change(spec, observed)
-    if refusal:
-        return _invalid(observed, "ChangeRefused", refusal, operations)
+    if service.refusal:
+        return _invalid(observed, service.refusal.reason, service.refusal.message, operations)
+    assert service.reading is not None, f"{plugin.kind}'s plan has neither a reading nor a refusal"
 
     labels = plugin.labels(observed.name)
     owner = owner_reference(plugin.kind, {"metadata": {"name": observed.name, "uid": uid}})
@@ -148,17 +148,15 @@ def plan(
         "labels": labels,
         "selector": {LABEL_NAME: plugin.service, LABEL_INSTANCE: observed.name},  # an instance's pods
         "tools_image": tools_image,  # Statefleet's own image, for init containers that run our code
-        **plugin.template_context(spec, version, observed),
+        **service.context,
     }
     children = [
         decorate(child, labels, owner, observed.namespace)
         for child in render_children(plugin.service, context)
     ]
 
-    if operations.status:  # what the plugin decided (a new primary) is what the status reads
-        merged = {**observed.status, **operations.status}
-        observed = replace(observed, status={k: v for k, v in merged.items() if v is not None})
-    reading = plugin.read_status(spec, version, observed)
+    observed = decided(observed, operations)  # what the plugin decided (a new primary) is true now
+    reading = service.reading
     rendered = children_hash(children)
     status = _status(observed, version, reading)
     status["childrenHash"] = rendered

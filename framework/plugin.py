@@ -14,7 +14,7 @@ import string
 import sys
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, ClassVar
@@ -83,7 +83,7 @@ class UnknownAction(TypeError):
 
 @dataclass
 class Operations:
-    """What a plugin wants done inside its service this pass (see `ServicePlugin.operate`)."""
+    """What a plugin wants done inside its service this pass (see `ServicePlugin.plan`)."""
 
     pod_labels: dict[str, dict[str, str]] = field(default_factory=dict)  # pod name -> labels to set
     actions: list[Any] = field(default_factory=list)  # handed to `perform`, in order, after the apply
@@ -122,6 +122,40 @@ class ServiceStatus:
     message: str
     degraded: bool = False  # running, but with fewer healthy instances than asked for
     fields: dict[str, Any] = field(default_factory=dict)  # extra status fields (primary, endpoints)
+
+
+INVALID_SPEC = "InvalidSpec"  # the spec cannot be served: nothing is applied, nothing operated
+CHANGE_REFUSED = "ChangeRefused"  # applying the spec would lose data: not applied, still operated
+
+
+@dataclass(frozen=True)
+class Refusal:
+    reason: str  # INVALID_SPEC or CHANGE_REFUSED
+    message: str  # names the field
+
+
+@dataclass
+class ServicePlan:
+    """A plugin's decision for one pass (`ServicePlugin.plan`), made from one reading."""
+
+    reading: ServiceStatus | None  # None only with a refusal
+    operations: Operations = field(default_factory=Operations)
+    context: dict[str, Any] = field(default_factory=dict)  # the templates' own variables
+    refusal: Refusal | None = None
+
+
+def refused_spec(message: str) -> ServicePlan:
+    """A spec the service cannot serve at all: nothing is operated either."""
+    return ServicePlan(reading=None, refusal=Refusal(INVALID_SPEC, message))
+
+
+def decided(observed: Observed, operations: Operations) -> Observed:
+    """`observed` with the status fields `operations` decided (None removes one): what the
+    service's reading is made from, since what was just decided (a new primary) is true now."""
+    if not operations.status:
+        return observed
+    merged = {**observed.status, **operations.status}
+    return replace(observed, status={k: v for k, v in merged.items() if v is not None})
 
 
 class Tls(ABC):
@@ -223,7 +257,7 @@ class ServicePlugin(ABC):
         path = Path(module).parent / "catalog.yaml"
         return ServiceCatalog.model_validate(yaml.safe_load(path.read_text()))
 
-    # The kinds of action `operate` plans and `perform` carries out: a closed set, checked on
+    # The kinds of action `plan` decides and `perform` carries out: a closed set, checked on
     # every pass (any other is a bug: `UnknownAction`).
     actions: ClassVar[tuple[type, ...]] = ()
     # Optional capabilities: each one a plugin has, it implements entirely; None: it has not.
@@ -236,41 +270,23 @@ class ServicePlugin(ABC):
         users, databases, vhosts. Their controller is the framework's."""
         return []
 
-    def refuse_version(self, spec: BaseModel, version: ResolvedVersion, observed: Observed) -> str | None:
-        """Why the server the catalog gives for this version (its `flavor`) cannot serve `spec`,
-        or cannot take over the data `observed` holds (a message naming the field), or None."""
-        return None
-
-    def refuse_change(self, spec: BaseModel, observed: Observed) -> str | None:
-        """Why applying `spec` would lose data (a message naming the field), or None."""
-        return None
-
-    def template_context(
-        self, spec: BaseModel, version: ResolvedVersion, observed: Observed
-    ) -> dict[str, Any]:
-        """Extra variables for the templates; `spec`, `name`, `namespace`, `image`, `labels` are given."""
-        return {}
-
     @abstractmethod
-    def read_status(self, spec: BaseModel, version: ResolvedVersion, observed: Observed) -> ServiceStatus:
-        """Pure: the service's reading (ready instances, ready, degraded, message, its own
-        status fields), from what was observed with what `operate` decided merged in."""
-
-    def operate(self, spec: BaseModel, observed: Observed, now: float) -> Operations:
-        """Pure: what to do inside the service given what its pods and servers showed (labels
-        for individual pods such as the primary's role, actions such as a promotion, status
-        fields, Events), and when to ask the servers again. `now` is wall-clock seconds."""
-        return Operations()
+    def plan(self, spec: BaseModel, version: ResolvedVersion, observed: Observed, now: float) -> ServicePlan:
+        """Pure: the pass's one decision from what was observed (`now`: wall-clock seconds):
+        what to do inside the service (labels for individual pods such as the primary's role,
+        actions such as a promotion, status fields, Events, when to ask the servers again), the
+        templates' variables, the service's reading (from the status with what it decided merged
+        in: `decided`), or why the spec is refused."""
 
     async def inspect(
         self, client: AsyncClient, observed: Observed, previous: Inspection | None
     ) -> Inspection | None:
         """Asks the servers how they are (the framework calls it in the background, never
-        inside a reconcile, when `operate` asked for it). None: nothing to ask."""
+        inside a reconcile, when `plan` asked for it). None: nothing to ask."""
         return None
 
     async def perform(self, client: AsyncClient, observed: Observed, action: Any) -> None:
-        """Carries out one of the actions `operate` planned (one of `actions`)."""
+        """Carries out one of the actions `plan` decided (one of `actions`)."""
         raise UnknownAction(self, action)
 
     def status_properties(self) -> dict[str, Any]:

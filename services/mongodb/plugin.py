@@ -22,15 +22,20 @@ from framework.kube.api import EventNote
 from framework.kube.meta import content_hash
 from framework.kube.pods import pod_ip
 from framework.plugin import (
+    CHANGE_REFUSED,
     Backups,
     Bindings,
     GeneratedSecret,
     Inspection,
     Observed,
     Operations,
+    Refusal,
+    ServicePlan,
     ServicePlugin,
     ServiceStatus,
     UnknownAction,
+    decided,
+    refused_spec,
 )
 from framework.servers import Answers, ask_servers, ready_of
 from framework.volumes import claim_context, refuse_storage_change
@@ -150,6 +155,29 @@ class MongoDBPlugin(ServicePlugin):
     bindings = MongoDBBindings()
     backups = MongoDBBackups()
 
+    def plan(
+        self, spec: MongoDBSpec, version: ResolvedVersion, observed: Observed, now: float
+    ) -> ServicePlan:
+        unservable = self.refuse_version(spec, version, observed)
+        if unservable:
+            return refused_spec(unservable)
+        # The flavor the status last recorded decides how the servers are operated; the
+        # catalog's version, how they are rendered and read (a change of flavor was refused
+        # above, so a replica set's view exists whenever the version is mongod's).
+        recorded = observed.status.get("flavor")
+        view = None if recorded == FERRETDB else replica_set(spec, observed)
+        operations = self.operations(observed, view)
+        refusal = refuse_storage_change(spec.storage, observed)
+        if refusal:
+            return ServicePlan(None, operations, refusal=Refusal(CHANGE_REFUSED, refusal))
+        # initialized, which `operations` may set, is read only to decide whether to initiate:
+        # the view of the status as read is the view of the status as decided.
+        return ServicePlan(
+            self.reading(spec, version, decided(observed, operations), view),
+            operations,
+            self.template_context(spec, version, observed, view),
+        )
+
     def refuse_version(self, spec: MongoDBSpec, version: ResolvedVersion, observed: Observed) -> str | None:
         flavor, before = flavor_of(version), observed.status.get("flavor")
         if before and flavor != before:
@@ -164,21 +192,17 @@ class MongoDBPlugin(ServicePlugin):
             )
         return None
 
-    def refuse_change(self, spec: MongoDBSpec, observed: Observed) -> str | None:
-        return refuse_storage_change(spec.storage, observed)
-
     def in_service_kinds(self) -> list[Any]:
         return [MongoDBUserKind(SERVERS, self.resource())]
 
     def template_context(
-        self, spec: MongoDBSpec, version: ResolvedVersion, observed: Observed
+        self, spec: MongoDBSpec, version: ResolvedVersion, observed: Observed, view: SetView | None
     ) -> dict[str, Any]:
         flavor = flavor_of(version)
         replicas = spec.members
-        if flavor == MONGOD:
+        if flavor == MONGOD and view is not None:
             # A member leaves the set before its pod goes; without a config fresh from a
             # primary (an election, a restart), no pod goes at all.
-            view = replica_set(spec, observed)
             running = ((observed.statefulset or {}).get("spec") or {}).get("replicas") or 0
             replicas = max(replicas, view.keep_replicas if view.primary else running)
         return {
@@ -190,9 +214,8 @@ class MongoDBPlugin(ServicePlugin):
             **claim_context(spec.storage, observed),
         }
 
-    def operate(self, spec: MongoDBSpec, observed: Observed, now: float) -> Operations:
-        # The flavor the status last recorded (`read_status` has the catalog's version).
-        if observed.status.get("flavor") == FERRETDB:
+    def operations(self, observed: Observed, view: SetView | None) -> Operations:
+        if view is None:  # FerretDB: one server, no replica set
             answer = standalone_answer(observed)
             return Operations(
                 status={
@@ -202,7 +225,6 @@ class MongoDBPlugin(ServicePlugin):
                 pod_labels={f"{observed.name}-0": {ROLE_LABEL: "primary"}} if answer else {},
                 inspect_in=INSPECT_FORMED if answer else INSPECT_FORMING,
             )
-        view = replica_set(spec, observed)
         before = observed.status.get("replicaSet") or {}
         events = []
         if view.primary and before.get("primary") and view.primary != before.get("primary"):
@@ -286,7 +308,9 @@ class MongoDBPlugin(ServicePlugin):
         with suppress(AutoReconnect):  # a primary stepping down closes its connections
             await SERVERS.command(client, observed.namespace, observed.name, ip, command, CHANGE_TIMEOUT_MS)
 
-    def read_status(self, spec: MongoDBSpec, version: ResolvedVersion, observed: Observed) -> ServiceStatus:
+    def reading(
+        self, spec: MongoDBSpec, version: ResolvedVersion, observed: Observed, view: SetView | None
+    ) -> ServiceStatus:
         flavor = flavor_of(version)
         ready = ready_of(observed, spec.members)
         wanted = {f"{observed.name}-{i}" for i in range(spec.members)}
@@ -303,7 +327,7 @@ class MongoDBPlugin(ServicePlugin):
             fields["endpoints"] = {"uri": f"mongodb://{service}/"}
             fields["hosts"] = [service]
             return ServiceStatus(ready, spec.members, serving, message, fields=fields)
-        view = replica_set(spec, observed)
+        assert view is not None  # a replica set's
         serving = view.primary is not None and view.healthy > len(view.members) // 2
         complete = view.primary is not None and view.healthy == spec.members and set(view.members) == wanted
         fields["endpoints"] = {"uri": f"mongodb://{','.join(hosts)}/?replicaSet={observed.name}"}

@@ -19,16 +19,20 @@ from framework.kube.meta import content_hash
 from framework.kube.pods import pod_ip
 from framework.kube.times import format_time
 from framework.plugin import (
+    CHANGE_REFUSED,
     Backups,
     Bindings,
     GeneratedSecret,
     Inspection,
     Observed,
     Operations,
+    Refusal,
+    ServicePlan,
     ServicePlugin,
     ServiceStatus,
     Tls,
     UnknownAction,
+    decided,
 )
 from framework.servers import NO_ANSWERS, Answers, ask_servers, ready_of, ready_pods
 from framework.volumes import claim_context, refuse_storage_change
@@ -199,7 +203,21 @@ class PostgresPlugin(ServicePlugin):
     def in_service_kinds(self) -> list[Any]:
         return [USERS]
 
-    def refuse_change(self, spec: PostgresSpec, observed: Observed) -> str | None:
+    def plan(
+        self, spec: PostgresSpec, version: ResolvedVersion, observed: Observed, now: float
+    ) -> ServicePlan:
+        operations = self.operations(spec, observed, now)
+        refusal = self.refusal(spec, observed)
+        if refusal:
+            return ServicePlan(None, operations, refusal=Refusal(CHANGE_REFUSED, refusal))
+        # The templates render from the status as read; the reading is of what was decided.
+        return ServicePlan(
+            self.reading(spec, decided(observed, operations)),
+            operations,
+            self.template_context(spec, version, observed),
+        )
+
+    def refusal(self, spec: PostgresSpec, observed: Observed) -> str | None:
         running = observed.status.get("version")
         if running and spec.version and major(spec.version) != major(running) and observed.statefulset:
             # The data directory of one major version does not start under another.
@@ -240,7 +258,7 @@ class PostgresPlugin(ServicePlugin):
             **claim_context(spec.storage, observed),
         }
 
-    def operate(self, spec: PostgresSpec, observed: Observed, now: float) -> Operations:
+    def operations(self, spec: PostgresSpec, observed: Observed, now: float) -> Operations:
         inspection = observed.inspection
         found = inspection.facts if inspection else ServerFacts(NO_ANSWERS, None, {}, {}, None, frozenset())
         members = {
@@ -386,7 +404,7 @@ class PostgresPlugin(ServicePlugin):
         else:
             raise UnknownAction(self, action)
 
-    def read_status(self, spec: PostgresSpec, version: ResolvedVersion, observed: Observed) -> ServiceStatus:
+    def reading(self, spec: PostgresSpec, observed: Observed) -> ServiceStatus:
         primary = current_primary(observed.name, observed)
         ready = ready_of(observed, spec.instances)
         primary_ready = primary in ready_pods(observed)

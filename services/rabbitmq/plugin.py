@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from dataclasses import dataclass
 from typing import Any, ClassVar
 from urllib.parse import quote
@@ -20,15 +19,19 @@ from framework.kube.jobs import read_job
 from framework.kube.meta import content_hash, owner_reference
 from framework.kube.pods import pod_ip
 from framework.plugin import (
+    CHANGE_REFUSED,
     Backups,
     Bindings,
     GeneratedSecret,
     Inspection,
     Observed,
     Operations,
+    Refusal,
+    ServicePlan,
     ServicePlugin,
     ServiceStatus,
     UnknownAction,
+    decided,
 )
 from framework.servers import Answers, ask_servers, ready_of
 from framework.volumes import claim_context, refuse_storage_change
@@ -60,11 +63,10 @@ def scaling_down(spec_replicas: int, observed: Observed) -> bool:
     return bool(observed.status.get("scaleDown")) or (running is not None and spec_replicas < running)
 
 
-def scale_down_step(spec: RabbitMQSpec, observed: Observed, now: float | None = None) -> scale_down.Step:
+def scale_down_step(spec: RabbitMQSpec, observed: Observed, view: ClusterView, now: float) -> scale_down.Step:
     """Where a scale-down stands (`now`, wall-clock seconds, decides when a failed Job is
     tried again)."""
     facts: NodeFacts | None = observed.inspection.facts if observed.inspection else None
-    view = cluster_view(spec, observed)
     return scale_down.step(
         name=observed.name,
         wanted=spec.replicas,
@@ -75,7 +77,7 @@ def scale_down_step(spec: RabbitMQSpec, observed: Observed, now: float | None = 
         queues=facts.queues if facts else None,
         job=facts.job if facts else None,
         node=lambda pod: node_name(pod, observed.name, observed.namespace),
-        now=time.time() if now is None else now,
+        now=now,
     )
 
 
@@ -142,21 +144,29 @@ class RabbitMQPlugin(ServicePlugin):
     def in_service_kinds(self) -> list[Any]:
         return list(ACCESS_KINDS)
 
-    def refuse_change(self, spec: RabbitMQSpec, observed: Observed) -> str | None:
-        refusal = scale_down_step(spec, observed).refusal if scaling_down(spec.replicas, observed) else None
-        return refusal or refuse_storage_change(spec.storage, observed)
+    def plan(
+        self, spec: RabbitMQSpec, version: ResolvedVersion, observed: Observed, now: float
+    ) -> ServicePlan:
+        view = cluster_view(spec, observed)
+        step = scale_down_step(spec, observed, view, now) if scaling_down(spec.replicas, observed) else None
+        operations = self.operations(observed, view, step)
+        refusal = (step.refusal if step else None) or refuse_storage_change(spec.storage, observed)
+        if refusal:
+            return ServicePlan(None, operations, refusal=Refusal(CHANGE_REFUSED, refusal))
+        # The templates render from the status as read; the reading is of what was decided.
+        return ServicePlan(
+            self.reading(spec, decided(observed, operations), view),
+            operations,
+            self.template_context(spec, version, observed, step),
+        )
 
     def template_context(
-        self, spec: RabbitMQSpec, version: ResolvedVersion, observed: Observed
+        self, spec: RabbitMQSpec, version: ResolvedVersion, observed: Observed, step: scale_down.Step | None
     ) -> dict[str, Any]:
         # Pods restart when what they read at start changes (not the peers: read when a node
         # first joins, so scaling restarts nobody).
         configuration = {"config": spec.config, "plugins": spec.enabled_plugins(), "version": version.version}
-        replicas = (
-            scale_down_step(spec, observed).replicas
-            if scaling_down(spec.replicas, observed)
-            else spec.replicas
-        )
+        replicas = step.replicas if step else spec.replicas
         return {
             "replicas": replicas,
             "cluster_state": "initialized" if observed.status.get("initialized") else "new",
@@ -167,8 +177,7 @@ class RabbitMQPlugin(ServicePlugin):
             **claim_context(spec.storage, observed),
         }
 
-    def operate(self, spec: RabbitMQSpec, observed: Observed, now: float) -> Operations:
-        view = cluster_view(spec, observed)
+    def operations(self, observed: Observed, view: ClusterView, step: scale_down.Step | None) -> Operations:
         status: dict[str, Any] = {
             # Once a node has answered, a node without data always joins the others.
             "initialized": observed.status.get("initialized") or view.answered > 0,
@@ -183,8 +192,7 @@ class RabbitMQPlugin(ServicePlugin):
         before = observed.status.get("cluster") or {}
         events = []
         actions: list[Any] = []
-        if scaling_down(spec.replicas, observed):
-            step = scale_down_step(spec, observed, now)
+        if step:
             status["scaleDown"] = step.state
             actions.extend(step.actions)
             events.extend(EventNote(*event) for event in step.events)
@@ -271,9 +279,8 @@ class RabbitMQPlugin(ServicePlugin):
         else:
             raise UnknownAction(self, action)
 
-    def read_status(self, spec: RabbitMQSpec, version: ResolvedVersion, observed: Observed) -> ServiceStatus:
+    def reading(self, spec: RabbitMQSpec, observed: Observed, view: ClusterView) -> ServiceStatus:
         ready = ready_of(observed, spec.replicas)
-        view = cluster_view(spec, observed)
         serving = view.quorum and ready > spec.replicas // 2
         message = f"{ready} of {spec.replicas} nodes ready; {view.message}"
         if observed.status.get("scaleDown"):

@@ -60,7 +60,7 @@ def test_the_user_kind_a_binding_makes_is_one_of_the_plugin_s_kinds(plugin: Serv
 
 def test_an_action_outside_the_plugin_s_set_is_refused_when_planned() -> None:
     class Leaky(type(POSTGRES_PLUGIN)):  # type: ignore[misc]
-        def operate(self, spec: Any, observed: Observed, now: float) -> Operations:
+        def operations(self, spec: Any, observed: Observed, now: float) -> Operations:
             return Operations(actions=["drop the database"])
 
     spec = {"instances": 1, "storage": {"size": "1Gi"}}

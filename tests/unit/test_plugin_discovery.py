@@ -16,7 +16,7 @@ pytestmark = pytest.mark.unit
 A_SEPARATE_PACKAGE = """
 from pydantic import BaseModel
 
-from framework.plugin import ServicePlugin, ServiceStatus
+from framework.plugin import ServicePlan, ServicePlugin, ServiceStatus
 
 
 class EchoSpec(BaseModel):
@@ -29,8 +29,8 @@ class EchoPlugin(ServicePlugin):
     service = "echo"
     spec_model = EchoSpec
 
-    def read_status(self, spec, version, observed):
-        return ServiceStatus(0, 1, False, "never ready")
+    def plan(self, spec, version, observed, now):
+        return ServicePlan(ServiceStatus(0, 1, False, "never ready"))
 
 
 PLUGIN = EchoPlugin()
