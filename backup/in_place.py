@@ -22,6 +22,10 @@ import re
 from enum import StrEnum
 from typing import Any
 
+from pydantic import Field
+
+from framework.kube.model import StatusModel
+
 ANNOTATION = "statefleet.dev/restore-in-place"
 STATUS_FIELD = "inPlaceRestore"
 
@@ -42,6 +46,19 @@ class InPlacePhase(StrEnum):
     ROLLED_BACK = "RolledBack"
     COMMITTED = "Committed"
     FAILED = "Failed"
+
+
+class InPlaceRecord(StatusModel):
+    """The instance's answer (`status.inPlaceRestore`)."""
+
+    token: str | None = Field(default=None, description="names the data kept aside")
+    restore: str | None = None
+    mode: Mode | None = None
+    pod: str | None = Field(default=None, description="the pod that takes the backup")
+    phase: str | None = None
+    reason: str | None = None
+    message: str | None = None
+    started_at: str | None = None
 
 
 RESTORE, ROLLBACK = Mode

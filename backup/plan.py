@@ -26,7 +26,7 @@ from framework.kube import conditions
 from framework.kube.api import EventNote, post_event
 from framework.kube.conditions import Condition
 from framework.kube.meta import API_VERSION, LABEL_MANAGED_BY, LABEL_PART_OF, MANAGER
-from framework.kube.model import ApiModel
+from framework.kube.model import ApiModel, StatusModel
 from framework.kube.times import format_time, parse_time
 from framework.object_controller import ObjectKind, Outcome, Ref
 from framework.plugin import ServicePlugin
@@ -280,10 +280,35 @@ def candidate(body: dict[str, Any]) -> Candidate:
     return Candidate(body["metadata"]["name"], status.get("phase") or "Pending", at, verified)
 
 
+class Verification(StatusModel):
+    backup: str | None = None
+    result: str | None = None  # Passed or Failed
+    message: str | None = None
+    at: str | None = None
+
+
+class BackupPlanStatus(StatusModel):
+    """`status` of a BackupPlan besides its conditions."""
+
+    last_schedule_time: str | None = None
+    next_schedule_time: str | None = None
+    next_retry_time: str | None = None
+    last_backup: str | None = None
+    last_successful_backup: str | None = None
+    consecutive_failures: int | None = None
+    backups: int | None = Field(default=None, description="the plan's backups retention keeps")
+    last_verify_schedule_time: str | None = None
+    next_verify_time: str | None = Field(default=None, json_schema_extra={"nullable": True})
+    last_verification: Verification | None = Field(
+        default=None, description="the last restore test: which backup, Passed or Failed, why, when"
+    )
+
+
 class BackupPlanKind(ObjectKind):
     kind = "BackupPlan"
     plural = "backupplans"
     spec_model = BackupPlanSpec
+    status_model = BackupPlanStatus
     finalizes = False
 
     def __init__(self, plugins: list[ServicePlugin]) -> None:
@@ -467,25 +492,6 @@ class BackupPlanKind(ObjectKind):
                 },
             },
             "spec": backup_spec,
-        }
-
-    def status_properties(self) -> dict[str, Any]:
-        string = {"type": "string"}
-        return {
-            "lastScheduleTime": string,
-            "nextScheduleTime": string,
-            "nextRetryTime": string,
-            "lastBackup": string,
-            "lastSuccessfulBackup": string,
-            "consecutiveFailures": {"type": "integer"},
-            "backups": {"type": "integer", "description": "the plan's backups retention keeps"},
-            "lastVerifyScheduleTime": string,
-            "nextVerifyTime": {"type": "string", "nullable": True},
-            "lastVerification": {
-                "type": "object",
-                "description": "the last restore test: which backup, Passed or Failed, why, when",
-                "properties": {"backup": string, "result": string, "message": string, "at": string},
-            },
         }
 
     def printer_columns(self) -> list[dict[str, Any]]:

@@ -26,7 +26,7 @@ from framework.binding import ServiceRef
 from framework.kube import conditions
 from framework.kube.api import EventNote, get_or_none
 from framework.kube.jobs import job_name, read_job
-from framework.kube.model import ApiModel
+from framework.kube.model import ApiModel, StatusModel, free_form
 from framework.kube.secrets import decoded
 from framework.kube.times import now_text, seconds_between
 from framework.object_controller import ObjectKind, Outcome, Ref
@@ -46,6 +46,43 @@ class Phase(StrEnum):
 
 
 PENDING, RUNNING, COMPLETED, FAILED = Phase
+
+
+INT64 = {"format": "int64"}  # sizes beyond 2 GiB
+
+
+class PhysicalStatus(StatusModel):
+    timeline: int | None = Field(default=None, json_schema_extra=INT64)
+    start_lsn: str | None = None
+    end_lsn: str | None = None
+
+
+class BackupStatus(StatusModel):
+    """`status` of a Backup besides its conditions."""
+
+    phase: Phase | None = None
+    reason: str | None = None
+    message: str | None = None
+    method: str | None = None
+    job: str | None = None
+    location: str | None = Field(default=None, description="s3://bucket/prefix of the backup's objects")
+    manifest: str | None = Field(
+        default=None, description="the manifest's key: the backup exists once it does"
+    )
+    started_at: str | None = None
+    completed_at: str | None = None
+    duration_seconds: float | None = None
+    bytes: int | None = Field(default=None, json_schema_extra=INT64)
+    objects: int | None = Field(default=None, json_schema_extra=INT64)
+    peak_memory_bytes: int | None = Field(
+        default=None, description="the backup Job's own peak", json_schema_extra=INT64
+    )
+    version: str | None = Field(default=None, description="the server's version when it was taken")
+    progress: dict[str, Any] | None = free_form("the running Job's latest progress", nullable=True)
+    physical: PhysicalStatus | None = None
+    instance_spec: dict[str, Any] | None = free_form(
+        "the instance's spec when taken: a Restore's new instance starts from it"
+    )
 
 
 class BackupStorageSpec(ApiModel):
@@ -163,6 +200,7 @@ class BackupKind(JobKind):
     kind = "Backup"
     plural = "backups"
     spec_model = BackupSpec
+    status_model = BackupStatus
     deleted_by_operator = True  # a plan's retention
 
     def ended(self, status: dict[str, Any]) -> Outcome:
@@ -358,42 +396,6 @@ class BackupKind(JobKind):
                 False, error.reason, f"the backup's objects cannot be deleted yet: {error}", retry_in=30
             )
         return Outcome(True, "Deleted", f"{deleted} objects deleted from the storage")
-
-    def status_properties(self) -> dict[str, Any]:
-        string, integer = {"type": "string"}, {"type": "integer", "format": "int64"}
-        return {
-            "phase": {"type": "string", "enum": [phase.value for phase in Phase]},
-            "reason": string,
-            "message": string,
-            "method": string,
-            "job": string,
-            "location": {"type": "string", "description": "s3://bucket/prefix of the backup's objects"},
-            "manifest": {
-                "type": "string",
-                "description": "the manifest's key: the backup exists once it does",
-            },
-            "startedAt": string,
-            "completedAt": string,
-            "durationSeconds": {"type": "number"},
-            "bytes": integer,
-            "objects": integer,
-            "peakMemoryBytes": {
-                "type": "integer",
-                "format": "int64",
-                "description": "the backup Job's own peak",
-            },
-            "version": {"type": "string", "description": "the server's version when it was taken"},
-            "progress": {"type": "object", "nullable": True, "x-kubernetes-preserve-unknown-fields": True},
-            "physical": {
-                "type": "object",
-                "properties": {"timeline": integer, "startLsn": string, "endLsn": string},
-            },
-            "instanceSpec": {
-                "type": "object",
-                "description": "the instance's spec when taken: a Restore's new instance starts from it",
-                "x-kubernetes-preserve-unknown-fields": True,
-            },
-        }
 
     def printer_columns(self) -> list[dict[str, Any]]:
         return [

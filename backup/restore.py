@@ -33,7 +33,6 @@ from backup.restore_plan import (
     StartJob,
     Step,
     WriteBootstrapSecret,
-    restore_status_schema,
 )
 from backup.storage import CREDENTIAL_KEYS, StorageError
 from framework.kube.api import get_or_none
@@ -73,6 +72,7 @@ class RestoreKind(JobKind):
     kind = "Restore"
     plural = "restores"
     spec_model = RestoreSpec
+    status_model = RestoreStatus
     deleted_by_operator = True  # a verification's throwaway Restores
     finalizes = True  # a replacing restore deleted while it runs is rolled back before it goes
 
@@ -255,9 +255,6 @@ class RestoreKind(JobKind):
             "stringData": data,
         }
         await client.create(codecs.from_dict(secret))
-
-    def status_properties(self) -> dict[str, Any]:
-        return restore_status_schema()
 
     def printer_columns(self) -> list[dict[str, Any]]:
         return [

@@ -40,10 +40,9 @@ from backup.resources import (
 )
 from backup.storage import S3Spec, StorageError
 from framework.kube.api import EventNote
-from framework.kube.crd import structural_schema
 from framework.kube.jobs import JobState, job_name
 from framework.kube.meta import API_VERSION
-from framework.kube.model import ApiModel
+from framework.kube.model import ApiModel, StatusModel, free_form
 from framework.kube.times import parse_time
 from framework.object_controller import Outcome, Ref
 from framework.plugin import ServicePlugin
@@ -98,27 +97,15 @@ class InPlaceStep(StrEnum):
     ROLLBACK = "rollback"  # the instance was asked to put its own data back
 
 
-class Failure(ApiModel):
+class Failure(StatusModel):
     """The first failure of a replacing restore, kept while it is rolled back."""
-
-    model_config = ConfigDict(extra="ignore")
 
     reason: str = "Failed"
     message: str = "the restore failed"
 
 
-def _free_form(description: str) -> Any:
-    return Field(
-        default=None,
-        description=description,
-        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True, "nullable": True},
-    )
-
-
-class RestoreStatus(ApiModel):
+class RestoreStatus(StatusModel):
     """`status` of a Restore besides its conditions: the memory a restarted operator goes on from."""
-
-    model_config = ConfigDict(extra="ignore")  # conditions and observedGeneration are the controller's
 
     phase: Phase | None = None
     reason: str | None = None
@@ -133,8 +120,10 @@ class RestoreStatus(ApiModel):
     in_place: InPlaceStep | None = Field(
         default=None, description="a physical backup restored over the instance: the step it is at"
     )
-    progress: dict[str, Any] | None = _free_form("the running Job's latest progress")
-    details: dict[str, Any] | None = _free_form("what the Job reported of the restore and its check")
+    progress: dict[str, Any] | None = free_form("the running Job's latest progress", nullable=True)
+    details: dict[str, Any] | None = free_form(
+        "what the Job reported of the restore and its check", nullable=True
+    )
 
 
 NOT_STARTED = JobState(RUNNING)  # what `read_job` says of a Job that does not exist
@@ -859,8 +848,3 @@ class RestorePlanner:
         if self.spec.target.kind in self.plugins and asked and asked["token"] == self.token:
             actions.append(Ask(None, best_effort=True))
         return tuple(actions)
-
-
-def restore_status_schema() -> dict[str, Any]:
-    """The `status` properties the Restore CRD declares, from `RestoreStatus`."""
-    return structural_schema(RestoreStatus)["properties"]

@@ -22,7 +22,7 @@ from pydantic import Field
 from framework.kube import conditions
 from framework.kube.api import get_or_none
 from framework.kube.meta import API_VERSION, LABEL_MANAGED_BY, LABEL_PART_OF, MANAGER, owner_reference
-from framework.kube.model import ApiModel
+from framework.kube.model import ApiModel, StatusModel
 from framework.kube.secrets import decoded
 from framework.object_controller import ObjectKind, Outcome, Ref
 from framework.plugin import TLS_SERVER, ServicePlugin
@@ -81,10 +81,22 @@ def build_secret(binding: dict[str, Any], name: str, data: dict[str, str]) -> di
     }
 
 
+class ProvisionedSecret(StatusModel):
+    name: str | None = None
+
+
+class ServiceBindingStatus(StatusModel):
+    binding: ProvisionedSecret | None = Field(
+        default=None, description="servicebinding.io Provisioned Service: the Secret to project"
+    )
+    user: str | None = Field(default=None, description="the user resource this binding created")
+
+
 class ServiceBindingKind(ObjectKind):
     kind = "ServiceBinding"
     plural = "servicebindings"
     spec_model = ServiceBindingSpec
+    status_model = ServiceBindingStatus
     finalizes = False  # what it made is owned by it: garbage collection removes it
 
     def __init__(self, plugins: list[ServicePlugin]) -> None:
@@ -186,16 +198,6 @@ class ServiceBindingKind(ObjectKind):
             except ApiError as error:
                 if error.status.code != 404:
                     raise
-
-    def status_properties(self) -> dict[str, Any]:
-        return {
-            "binding": {
-                "type": "object",
-                "description": "servicebinding.io Provisioned Service: the Secret to project",
-                "properties": {"name": {"type": "string"}},
-            },
-            "user": {"type": "string", "description": "the user resource this binding created"},
-        }
 
     def printer_columns(self) -> list[dict[str, Any]]:
         columns = super().printer_columns()

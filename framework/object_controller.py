@@ -71,6 +71,8 @@ class ObjectKind(ABC):
     spec_model: ClassVar[type[BaseModel]]
     finalizes: ClassVar[bool] = True  # False: nothing inside a service to undo on deletion
     deleted_by_operator: ClassVar[bool] = False  # the operator deletes some itself (its RBAC says so)
+    # Its status fields besides conditions and observedGeneration: the CRD's status schema.
+    status_model: ClassVar[type[BaseModel] | None] = None
 
     @abstractmethod
     async def reconcile(self, client: AsyncClient, body: dict[str, Any], spec: Any) -> Outcome:
@@ -81,7 +83,7 @@ class ObjectKind(ABC):
         return Outcome(True, "Finalized", "nothing to undo")
 
     def status_properties(self) -> dict[str, Any]:
-        return {}
+        return crd.status_properties(self.status_model)
 
     def printer_columns(self) -> list[dict[str, Any]]:
         return [

@@ -22,7 +22,7 @@ from typing import Any, ClassVar
 import yaml
 from lightkube import AsyncClient
 from lightkube.generic_resource import create_namespaced_resource
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from framework.catalog import ResolvedVersion, ServiceCatalog
 from framework.kube import conditions, crd
@@ -36,6 +36,7 @@ from framework.kube.meta import (
     MANAGER,
     VERSION,
 )
+from framework.kube.model import StatusModel
 from framework.rollout.hooks import InProcess
 
 TLS_CA, TLS_SERVER = "ca", "tls"  # suffixes of the Secrets of an instance's TLS
@@ -122,6 +123,30 @@ class ServiceStatus:
     message: str
     degraded: bool = False  # running, but with fewer healthy instances than asked for
     fields: dict[str, Any] = field(default_factory=dict)  # extra status fields (primary, endpoints)
+
+
+class TlsStatus(StatusModel):
+    secret: str | None = None
+    not_after: str | None = None
+    issued_at_seconds: float | None = None
+    provider: str | None = Field(default=None, description="operator or cert-manager, chosen once")
+    resources_hash: str | None = Field(default=None, description="cert-manager objects last applied")
+    waiting: str | None = Field(default=None, description="why cert-manager has not issued it yet")
+
+
+class InstanceStatus(StatusModel):
+    """The status fields of every instance the framework writes (besides conditions)."""
+
+    observed_generation: int | None = Field(default=None, json_schema_extra={"format": "int64"})
+    instances: str | None = Field(default=None, description="ready/desired")
+    ready_instances: int | None = None
+    version: str | None = None
+    image: str | None = None
+    children_hash: str | None = Field(default=None, description="what the operator last applied")
+    tools_image: str | None = Field(
+        default=None, description="the operator image its init containers run, kept from its creation"
+    )
+    tls: TlsStatus | None = Field(default=None, description="the server certificate (TLS in transit)")
 
 
 INVALID_SPEC = "InvalidSpec"  # the spec cannot be served: nothing is applied, nothing operated
@@ -260,6 +285,8 @@ class ServicePlugin(ABC):
     # The kinds of action `plan` decides and `perform` carries out: a closed set, checked on
     # every pass (any other is a bug: `UnknownAction`).
     actions: ClassVar[tuple[type, ...]] = ()
+    # The status fields the plugin owns (beside the framework's `InstanceStatus`): the CRD's schema.
+    status_model: ClassVar[type[BaseModel] | None] = None
     # Optional capabilities: each one a plugin has, it implements entirely; None: it has not.
     tls: Tls | None = None
     bindings: Bindings | None = None
@@ -291,7 +318,7 @@ class ServicePlugin(ABC):
 
     def status_properties(self) -> dict[str, Any]:
         """OpenAPI properties of the plugin's own status fields."""
-        return {}
+        return crd.status_properties(self.status_model)
 
     def printer_columns(self) -> list[dict[str, Any]]:
         return [
@@ -318,38 +345,8 @@ class ServicePlugin(ABC):
         status = {
             "type": "object",
             "properties": {
-                "observedGeneration": {"type": "integer", "format": "int64"},
-                "instances": {"type": "string", "description": "ready/desired"},
-                "readyInstances": {"type": "integer"},
-                "version": {"type": "string"},
-                "image": {"type": "string"},
-                "childrenHash": {"type": "string", "description": "what the operator last applied"},
-                "toolsImage": {
-                    "type": "string",
-                    "description": "the operator image its init containers run, kept from its creation",
-                },
+                **crd.status_properties(InstanceStatus),
                 "conditions": conditions.SCHEMA,
-                "tls": {
-                    "type": "object",
-                    "description": "the server certificate (TLS in transit)",
-                    "properties": {
-                        "secret": {"type": "string"},
-                        "notAfter": {"type": "string"},
-                        "issuedAtSeconds": {"type": "number"},
-                        "provider": {
-                            "type": "string",
-                            "description": "operator or cert-manager, chosen once",
-                        },
-                        "resourcesHash": {
-                            "type": "string",
-                            "description": "cert-manager objects last applied",
-                        },
-                        "waiting": {
-                            "type": "string",
-                            "description": "why cert-manager has not issued it yet",
-                        },
-                    },
-                },
                 **self.status_properties(),
             },
             "x-kubernetes-preserve-unknown-fields": True,  # kopf keeps its progress here

@@ -24,6 +24,11 @@ def structural_schema(model: type[BaseModel]) -> dict[str, Any]:
     return _clean(schema, definitions)
 
 
+def status_properties(model: type[BaseModel] | None) -> dict[str, Any]:
+    """The properties of a status model's schema ({} without one)."""
+    return structural_schema(model).get("properties", {}) if model is not None else {}
+
+
 def _clean(node: Any, definitions: dict[str, Any]) -> Any:
     if isinstance(node, list):
         return [_clean(item, definitions) for item in node]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
 
 # A Kubernetes quantity, as the API server accepts it (e.g. 1Gi, 500M, 0.5).
@@ -36,6 +36,21 @@ class ApiModel(BaseModel):
 
     def to_api(self) -> dict[str, Any]:
         return self.model_dump(by_alias=True, exclude_none=True, mode="json")
+
+
+class StatusModel(ApiModel):
+    """A part of a resource's status: camelCase as the spec; read back, it ignores the fields it
+    does not name (kopf's, an older operator's). Its JSON schema is the CRD's status schema."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
+
+
+def free_form(description: str, nullable: bool = False) -> Any:
+    """A field holding any object (a Job's report, a recorded spec): kept as written."""
+    extra: dict[str, Any] = {"x-kubernetes-preserve-unknown-fields": True}
+    if nullable:
+        extra["nullable"] = True
+    return Field(default=None, description=description, json_schema_extra=extra)
 
 
 def describe_validation_error(error: ValidationError) -> str:

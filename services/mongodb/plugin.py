@@ -53,7 +53,7 @@ from services.mongodb.replicaset import (
     plan_replica_set,
 )
 from services.mongodb.servers import CHANGE_TIMEOUT_MS, Servers
-from services.mongodb.spec import MongoDBSpec
+from services.mongodb.spec import MongoDBSpec, MongoDBStatus
 from services.mongodb.users import MongoDBUserKind
 
 ROOT = GeneratedSecret("root", fixed={"username": "root"}, random=("password",))
@@ -152,6 +152,7 @@ class MongoDBPlugin(ServicePlugin):
     generated_secrets = (ROOT, KEYFILE)
     child_kinds = ("Service", "PodDisruptionBudget", "StatefulsetRollout")
     actions = (Initiate, Reconfigure, StepDown)
+    status_model = MongoDBStatus
     bindings = MongoDBBindings()
     backups = MongoDBBackups()
 
@@ -340,30 +341,6 @@ class MongoDBPlugin(ServicePlugin):
             message=view.message,
             fields=fields,
         )
-
-    def status_properties(self) -> dict[str, Any]:
-        return {
-            "initialized": {
-                "type": "boolean",
-                "description": "the replica set was initiated (or FerretDB answered)",
-            },
-            "flavor": {"type": "string", "description": "the server: mongod or ferretdb"},
-            "rootSecret": {"type": "string"},
-            "hosts": {"type": "array", "items": {"type": "string"}},
-            "endpoints": {"type": "object", "properties": {"uri": {"type": "string"}}},
-            "replicaSet": {
-                "type": "object",
-                "description": "the replica set as its primary last described it",
-                "properties": {
-                    "name": {"type": "string"},
-                    "primary": {"type": "string"},
-                    "members": {"type": "array", "items": {"type": "string"}},
-                    "healthy": {"type": "integer"},
-                    "syncing": {"type": "array", "items": {"type": "string"}},
-                    "message": {"type": "string"},
-                },
-            },
-        }
 
     def printer_columns(self) -> list[dict[str, Any]]:
         columns = super().printer_columns()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field, field_validator, model_validator
 
-from framework.kube.model import ApiModel
+from framework.kube.model import ApiModel, StatusModel
 from framework.spec import BootstrapSpec, DeletionPolicy, PodTemplateOverrides, ResourcesSpec, StorageSpec
 
 MAX_MEMBERS = 7  # MongoDB allows at most 7 voting members
@@ -73,3 +73,31 @@ class MongoDBSpec(ApiModel):
 
     def priority_by_pod(self, name: str) -> dict[str, float]:
         return {f"{name}-{key}": value for key, value in self.priorities.items()}
+
+
+class ReplicaSetStatus(StatusModel):
+    name: str | None = None
+    primary: str | None = None
+    members: list[str] | None = None
+    healthy: int | None = None
+    syncing: list[str] | None = None
+    message: str | None = None
+
+
+class MongoDBEndpoints(StatusModel):
+    uri: str | None = None
+
+
+class MongoDBStatus(StatusModel):
+    """The status fields the MongoDB plugin owns."""
+
+    initialized: bool | None = Field(
+        default=None, description="the replica set was initiated (or FerretDB answered)"
+    )
+    flavor: str | None = Field(default=None, description="the server: mongod or ferretdb")
+    root_secret: str | None = None
+    hosts: list[str] | None = None
+    endpoints: MongoDBEndpoints | None = None
+    replica_set: ReplicaSetStatus | None = Field(
+        default=None, description="the replica set as its primary last described it"
+    )

@@ -18,7 +18,7 @@ from pymongo.errors import OperationFailure, PyMongoError
 
 from framework.kube import conditions
 from framework.kube.api import get_or_none
-from framework.kube.model import ApiModel, immutable, optional_immutable
+from framework.kube.model import ApiModel, StatusModel, immutable, optional_immutable
 from framework.object_controller import ObjectKind, Outcome, Ref, user_password
 from framework.spec import DeletionPolicy
 from services.mongodb.access import WantedUser, marker, ours, plan_user
@@ -66,11 +66,23 @@ class MongoDBUserSpec(ApiModel):
     )
 
 
+class MongoDBUserStatus(StatusModel):
+    username: str | None = None
+    database: str | None = Field(default=None, description="where the user is defined (its authSource)")
+    secret: str | None = Field(default=None, description="the Secret with the user's password")
+    password_version: str | None = Field(default=None, description="the Secret's version last applied")
+    created: bool | None = Field(default=None, description="this resource made the user")
+    roles: list[str] | None = None
+    hosts: list[str] | None = None
+    replica_set: str | None = None
+
+
 class MongoDBUserKind(ObjectKind):
     kind = "MongoDBUser"
     plural = "mongodbusers"
     short_names = ("mdbuser",)
     spec_model = MongoDBUserSpec
+    status_model = MongoDBUserStatus
 
     def __init__(self, servers: Servers, instances: Any) -> None:
         self.servers = servers
@@ -216,18 +228,6 @@ class MongoDBUserKind(ObjectKind):
         except PyMongoError as error:
             return Outcome(False, "ServerError", f"to drop user {username}: {error}", retry_in=10)
         return Outcome(True, "Deleted", f"user {username}: dropped from MongoDB {spec.instance}")
-
-    def status_properties(self) -> dict[str, Any]:
-        return {
-            "username": {"type": "string"},
-            "database": {"type": "string", "description": "where the user is defined (its authSource)"},
-            "secret": {"type": "string", "description": "the Secret with the user's password"},
-            "passwordVersion": {"type": "string", "description": "the Secret's version last applied"},
-            "created": {"type": "boolean", "description": "this resource made the user"},
-            "roles": {"type": "array", "items": {"type": "string"}},
-            "hosts": {"type": "array", "items": {"type": "string"}},
-            "replicaSet": {"type": "string"},
-        }
 
     def printer_columns(self) -> list[dict[str, Any]]:
         columns = super().printer_columns()

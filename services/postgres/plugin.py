@@ -50,7 +50,7 @@ from services.postgres.primary import (
     ordinal,
     plan_primary,
 )
-from services.postgres.spec import PostgresSpec
+from services.postgres.spec import PostgresSpec, PostgresStatus
 from services.postgres.users import PostgresUserKind
 
 ROLE_LABEL = "statefleet.dev/role"
@@ -197,6 +197,7 @@ class PostgresPlugin(ServicePlugin):
     rbac_rules = ({"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["list"]},)
     actions = (Promote, RestartPod, Repoint, Reclone, ReloadConfiguration)
     tls = PostgresTls()
+    status_model = PostgresStatus
     bindings = PostgresBindings()
     backups = PostgresBackups()
 
@@ -433,71 +434,6 @@ class PostgresPlugin(ServicePlugin):
                 "superuserSecret": SUPERUSER.name(observed.name),
             },
         )
-
-    def status_properties(self) -> dict[str, Any]:
-        return {
-            "currentPrimary": {"type": "string", "description": "the pod <name>-rw sends clients to"},
-            "targetPrimary": {"type": "string", "description": "set while a failover or switchover runs"},
-            "initialized": {"type": "boolean", "description": "a primary has answered once"},
-            "failover": {
-                "type": "object",
-                "description": "the failover or switchover under way, or the last one",
-                "properties": {
-                    "kind": {"type": "string"},
-                    "from": {"type": "string"},
-                    "to": {"type": "string"},
-                    "reason": {"type": "string"},
-                    "startedAt": {"type": "string"},
-                    "startedAtSeconds": {"type": "number"},
-                    "completedAt": {"type": "string"},
-                    "seconds": {"type": "number"},
-                    "waiting": {"type": "string"},
-                    "promoting": {
-                        "type": "string",
-                        "description": "the pod asked to promote, recorded before it is asked",
-                    },
-                },
-            },
-            "switchover": {
-                "type": "object",
-                "properties": {
-                    "served": {"type": "string", "description": "the last request (spec.switchover) served"},
-                    "rollout": {
-                        "type": "string",
-                        "description": "a rollout's request (<pod>@<revision>): the primary is updated last",
-                    },
-                    "rolloutServed": {"type": "string", "description": "the last rollout request served"},
-                },
-            },
-            "superuserSecret": {"type": "string"},
-            "rejoins": {
-                "type": "object",
-                "description": "standbys restarted because they stopped following: restarts so far",
-                "additionalProperties": {"type": "integer"},
-            },
-            in_place.STATUS_FIELD: {
-                "type": "object",
-                "description": "the last physical backup restored over this instance (a Restore's)",
-                "properties": {
-                    "token": {"type": "string", "description": "names the data kept aside"},
-                    "restore": {"type": "string"},
-                    "mode": {"type": "string", "enum": [mode.value for mode in in_place.Mode]},
-                    "pod": {"type": "string", "description": "the pod that takes the backup"},
-                    "phase": {"type": "string"},
-                    "reason": {"type": "string"},
-                    "message": {"type": "string"},
-                    "startedAt": {"type": "string"},
-                },
-            },
-            "tlsReloadedAtSeconds": {
-                "type": "number",
-                "description": "servers reloaded for a new certificate",
-            },
-            "endpoints": {
-                "type": "object",
-                "properties": {"rw": {"type": "string"}, "ro": {"type": "string"}},
-            },
-        }
 
     def printer_columns(self) -> list[dict[str, Any]]:
         columns = super().printer_columns()

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
-from framework.kube.model import ApiModel
+from backup.in_place import InPlaceRecord
+from framework.kube.model import ApiModel, StatusModel
 from framework.spec import BootstrapSpec, DeletionPolicy, PodTemplateOverrides, ResourcesSpec, StorageSpec
 
 # Set by the operator: a user's value would break replication, probes or the Services.
@@ -109,3 +110,54 @@ class PostgresSpec(ApiModel):
         if managed:
             raise ValueError(f"{', '.join(managed)} managed by the operator")
         return parameters
+
+
+class FailoverStatus(StatusModel):
+    kind: str | None = None  # Failover or Switchover
+    from_: str | None = Field(default=None, alias="from")
+    to: str | None = None
+    reason: str | None = None
+    started_at: str | None = None
+    started_at_seconds: float | None = None
+    completed_at: str | None = None
+    seconds: float | None = None
+    waiting: str | None = None
+    promoting: str | None = Field(
+        default=None, description="the pod asked to promote, recorded before it is asked"
+    )
+
+
+class SwitchoverStatus(StatusModel):
+    served: str | None = Field(default=None, description="the last request (spec.switchover) served")
+    rollout: str | None = Field(
+        default=None, description="a rollout's request (<pod>@<revision>): the primary is updated last"
+    )
+    rollout_served: str | None = Field(default=None, description="the last rollout request served")
+
+
+class PostgresEndpoints(StatusModel):
+    rw: str | None = None
+    ro: str | None = None
+
+
+class PostgresStatus(StatusModel):
+    """The status fields the Postgres plugin owns."""
+
+    current_primary: str | None = Field(default=None, description="the pod <name>-rw sends clients to")
+    target_primary: str | None = Field(default=None, description="set while a failover or switchover runs")
+    initialized: bool | None = Field(default=None, description="a primary has answered once")
+    failover: FailoverStatus | None = Field(
+        default=None, description="the failover or switchover under way, or the last one"
+    )
+    switchover: SwitchoverStatus | None = None
+    superuser_secret: str | None = None
+    rejoins: dict[str, int] | None = Field(
+        default=None, description="standbys restarted because they stopped following: restarts so far"
+    )
+    in_place_restore: InPlaceRecord | None = Field(
+        default=None, description="the last physical backup restored over this instance (a Restore's)"
+    )
+    tls_reloaded_at_seconds: float | None = Field(
+        default=None, description="servers reloaded for a new certificate"
+    )
+    endpoints: PostgresEndpoints | None = None

@@ -26,7 +26,7 @@ from psycopg import AsyncConnection, sql
 from pydantic import ConfigDict, Field
 
 from framework.kube.api import EventNote, get_or_none
-from framework.kube.model import ApiModel, immutable
+from framework.kube.model import ApiModel, StatusModel, immutable
 from framework.object_controller import ObjectKind, Outcome, Ref, user_password
 from framework.spec import DeletionPolicy
 from services.postgres import backup_replace
@@ -289,11 +289,20 @@ async def primary_address(client: AsyncClient, instance: dict[str, Any]) -> str 
     return (pod.get("status") or {}).get("podIP")
 
 
+class PostgresUserStatus(StatusModel):
+    role: str | None = None
+    database: str | None = None
+    secret: str | None = Field(default=None, description="the Secret with the role's password")
+    password_version: str | None = Field(default=None, description="the Secret's version last applied")
+    member_of: list[str] | None = None
+
+
 class PostgresUserKind(ObjectKind):
     kind = "PostgresUser"
     plural = "postgresusers"
     short_names = ("pguser",)
     spec_model = PostgresUserSpec
+    status_model = PostgresUserStatus
 
     def __init__(self, servers: Servers, instances: Any) -> None:
         self.servers = servers  # the instances' superusers
@@ -449,15 +458,6 @@ class PostgresUserKind(ObjectKind):
         ) as connection:
             await connection.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(ident))
         return Outcome(True, "Dropped", f"role {role} dropped from Postgres {spec.instance}")
-
-    def status_properties(self) -> dict[str, Any]:
-        return {
-            "role": {"type": "string"},
-            "database": {"type": "string"},
-            "secret": {"type": "string", "description": "the Secret with the role's password"},
-            "passwordVersion": {"type": "string", "description": "the Secret's version last applied"},
-            "memberOf": {"type": "array", "items": {"type": "string"}},
-        }
 
     def printer_columns(self) -> list[dict[str, Any]]:
         columns = super().printer_columns()

@@ -38,7 +38,7 @@ from framework.volumes import claim_context, refuse_storage_change
 from services.rabbitmq import scale_down
 from services.rabbitmq.cluster import ClusterView, NodeAnswer, node_name, pod_of, read_cluster
 from services.rabbitmq.management import Management, ManagementError
-from services.rabbitmq.spec import RabbitMQSpec
+from services.rabbitmq.spec import RabbitMQSpec, RabbitMQStatus
 from services.rabbitmq.users import RabbitMQPermissionKind, RabbitMQUserKind, RabbitMQVhostKind
 
 DEFAULT_USER = GeneratedSecret("default-user", random=("username", "password"))
@@ -138,6 +138,7 @@ class RabbitMQPlugin(ServicePlugin):
     # A scale-down runs RabbitMQ's CLI in Jobs.
     rbac_rules = ({"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["get", "create", "delete"]},)
     actions = (scale_down.DeleteJob, scale_down.RunCli)
+    status_model = RabbitMQStatus
     bindings = RabbitMQBindings()
     backups = RabbitMQBackups()
 
@@ -297,54 +298,6 @@ class RabbitMQPlugin(ServicePlugin):
                 "defaultUserSecret": DEFAULT_USER.name(observed.name),
             },
         )
-
-    def status_properties(self) -> dict[str, Any]:
-        return {
-            "initialized": {"type": "boolean", "description": "a node has answered once"},
-            "cluster": {
-                "type": "object",
-                "description": "the cluster as its nodes last described it",
-                "properties": {
-                    "nodes": {"type": "array", "items": {"type": "string"}, "description": "pods running"},
-                    "members": {"type": "integer", "description": "nodes the cluster knows"},
-                    "formed": {"type": "boolean", "description": "every node runs in one cluster"},
-                    "partitions": {"type": "array", "items": {"type": "string"}},
-                    "message": {"type": "string"},
-                },
-            },
-            "scaleDown": {
-                "type": "object",
-                "description": "a scale-down in progress, kept here so that a restarted operator goes on",
-                "properties": {
-                    "from": {"type": "integer"},
-                    "to": {"type": "integer"},
-                    "phase": {
-                        "type": "string",
-                        "enum": [scale_down.MOVING, scale_down.STOPPING, scale_down.FORGETTING],
-                    },
-                    "job": {"type": "string", "description": "the Job running RabbitMQ's CLI now"},
-                    "purpose": {"type": "string", "enum": ["drain", "move", "forget", "revive"]},
-                    "drained": {
-                        "type": "array",
-                        "items": {"type": "string"},
-                        "description": "nodes in maintenance mode (rabbitmq-upgrade drain)",
-                    },
-                    "cancelled": {"type": "boolean", "description": "spec.replicas went back up"},
-                    "jobs": {"type": "integer", "description": "Jobs started so far"},
-                    "failures": {"type": "integer", "description": "Jobs failed in a row"},
-                    "retryAt": {
-                        "type": "number",
-                        "description": "when a failed step is tried again (Unix time)",
-                    },
-                    "message": {"type": "string"},
-                },
-            },
-            "defaultUserSecret": {"type": "string"},
-            "endpoints": {
-                "type": "object",
-                "properties": {"amqp": {"type": "string"}, "management": {"type": "string"}},
-            },
-        }
 
     def printer_columns(self) -> list[dict[str, Any]]:
         columns = super().printer_columns()

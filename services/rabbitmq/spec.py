@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import re
+from typing import Literal
 
 from pydantic import Field, field_validator
 
-from framework.kube.model import ApiModel
+from framework.kube.model import ApiModel, StatusModel
 from framework.spec import BootstrapSpec, DeletionPolicy, PodTemplateOverrides, ResourcesSpec, StorageSpec
 
 # rabbitmq.conf keys the operator sets: a user's value would break cluster formation, the
@@ -112,3 +113,46 @@ class RabbitMQSpec(ApiModel):
 
     def enabled_plugins(self) -> list[str]:
         return sorted(set(BUILT_IN_PLUGINS) | set(self.plugins))
+
+
+class ClusterStatus(StatusModel):
+    nodes: list[str] | None = Field(default=None, description="pods running")
+    members: int | None = Field(default=None, description="nodes the cluster knows")
+    formed: bool | None = Field(default=None, description="every node runs in one cluster")
+    partitions: list[str] | None = None
+    message: str | None = None
+
+
+class ScaleDownStatus(StatusModel):
+    from_: int | None = Field(default=None, alias="from")
+    to: int | None = None
+    phase: Literal["MovingQueues", "StoppingNodes", "ForgettingNodes"] | None = None
+    job: str | None = Field(default=None, description="the Job running RabbitMQ's CLI now")
+    purpose: Literal["drain", "move", "forget", "revive"] | None = None
+    drained: list[str] | None = Field(
+        default=None, description="nodes in maintenance mode (rabbitmq-upgrade drain)"
+    )
+    cancelled: bool | None = Field(default=None, description="spec.replicas went back up")
+    jobs: int | None = Field(default=None, description="Jobs started so far")
+    failures: int | None = Field(default=None, description="Jobs failed in a row")
+    retry_at: float | None = Field(default=None, description="when a failed step is tried again (Unix time)")
+    message: str | None = None
+
+
+class RabbitMQEndpoints(StatusModel):
+    amqp: str | None = None
+    management: str | None = None
+
+
+class RabbitMQStatus(StatusModel):
+    """The status fields the RabbitMQ plugin owns."""
+
+    initialized: bool | None = Field(default=None, description="a node has answered once")
+    cluster: ClusterStatus | None = Field(
+        default=None, description="the cluster as its nodes last described it"
+    )
+    scale_down: ScaleDownStatus | None = Field(
+        default=None, description="a scale-down in progress, kept here so that a restarted operator goes on"
+    )
+    default_user_secret: str | None = None
+    endpoints: RabbitMQEndpoints | None = None

@@ -18,7 +18,7 @@ from pydantic import ConfigDict, Field
 
 from framework.kube import conditions
 from framework.kube.api import get_or_none
-from framework.kube.model import ApiModel, immutable, optional_immutable
+from framework.kube.model import ApiModel, StatusModel, immutable, optional_immutable
 from framework.object_controller import ObjectKind, Outcome, Ref, user_password
 from framework.spec import DeletionPolicy
 from services.rabbitmq.access import (
@@ -125,6 +125,17 @@ def own_vhost_clash(
     return None
 
 
+class RabbitMQUserStatus(StatusModel):
+    username: str | None = None
+    vhost: str | None = Field(default=None, description="its own vhost")
+    secret: str | None = Field(default=None, description="the Secret with the user's password")
+    password_version: str | None = Field(default=None, description="the Secret's version last applied")
+
+
+class RabbitMQVhostStatus(StatusModel):
+    vhost: str | None = None
+
+
 class AccessKind(ObjectKind):
     """What the three kinds share: the instance they live in, reached through its Service."""
 
@@ -196,6 +207,7 @@ class RabbitMQUserKind(AccessKind):
     plural = "rabbitmqusers"
     short_names = ("rmquser",)
     spec_model = RabbitMQUserSpec
+    status_model = RabbitMQUserStatus
 
     async def reconcile(self, client: AsyncClient, body: dict[str, Any], spec: RabbitMQUserSpec) -> Outcome:
         meta = body["metadata"]
@@ -260,14 +272,6 @@ class RabbitMQUserKind(AccessKind):
         username = spec.username or body["metadata"]["name"]
         return await self.delete(client, body, spec.instance, f"user {username}", user_path(username))
 
-    def status_properties(self) -> dict[str, Any]:
-        return {
-            "username": {"type": "string"},
-            "vhost": {"type": "string", "description": "its own vhost"},
-            "secret": {"type": "string", "description": "the Secret with the user's password"},
-            "passwordVersion": {"type": "string", "description": "the Secret's version last applied"},
-        }
-
     def printer_columns(self) -> list[dict[str, Any]]:
         columns = super().printer_columns()
         columns[0:0] = [
@@ -283,6 +287,7 @@ class RabbitMQVhostKind(AccessKind):
     plural = "rabbitmqvhosts"
     short_names = ("rmqvhost",)
     spec_model = RabbitMQVhostSpec
+    status_model = RabbitMQVhostStatus
 
     async def reconcile(self, client: AsyncClient, body: dict[str, Any], spec: RabbitMQVhostSpec) -> Outcome:
         meta = body["metadata"]
@@ -314,9 +319,6 @@ class RabbitMQVhostKind(AccessKind):
         return await self.delete(
             client, body, spec.instance, f"vhost {vhost} with its queues", vhost_path(vhost)
         )
-
-    def status_properties(self) -> dict[str, Any]:
-        return {"vhost": {"type": "string"}}
 
     def printer_columns(self) -> list[dict[str, Any]]:
         columns = super().printer_columns()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -25,15 +25,16 @@ def kept_by_the_api_server(plan: Callable[..., instance_plan.Plan]) -> Callable[
         planned = plan(plugin, *args, **kwargs)
         schema = status_schema(plugin)
         assert dropped_fields(planned.status, schema) == [], f"{plugin.kind}'s CRD would drop these"
-        assert dropped_fields(planned.operations.status, schema) == [], f"{plugin.kind}'s CRD would drop these"
+        assert dropped_fields(planned.operations.status, schema) == [], (
+            f"{plugin.kind}'s CRD would drop these"
+        )
         return planned
 
     return checked
 
 
 @pytest.fixture(autouse=True)
-def planned_status_is_kept(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+def planned_status_is_kept(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
     module = request.module
     if getattr(module, "plan", None) is instance_plan.plan:
         monkeypatch.setattr(module, "plan", kept_by_the_api_server(instance_plan.plan))
-    yield

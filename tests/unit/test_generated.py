@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import pytest
 
+from framework.object_controller import ObjectKind
+from framework.plugin import ServicePlugin
 from services.postgres import PLUGIN as POSTGRES
 from statefleet.generate import REPO, generated_files, kind_rules, left_over
+from statefleet.plugins import load_plugins, object_kinds
 
 pytestmark = pytest.mark.unit
 
@@ -47,3 +50,17 @@ def test_the_operator_may_do_to_a_plugin_s_kinds_what_it_does_and_what_the_plugi
         },
         {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["list"]},
     ]
+
+
+def test_every_status_schema_is_generated_from_a_status_model() -> None:
+    """No hand-written status schema: each kind's status is a model, read and written typed."""
+    plugins = load_plugins()
+    hand_written = [
+        type(kind).__name__
+        for kind in object_kinds(plugins)
+        if type(kind).status_properties is not ObjectKind.status_properties
+    ] + [
+        type(p).__name__ for p in plugins if type(p).status_properties is not ServicePlugin.status_properties
+    ]
+    assert hand_written == []
+    assert all(plugin.status_model is not None for plugin in plugins)
