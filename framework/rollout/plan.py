@@ -19,7 +19,6 @@ import json
 import math
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from enum import StrEnum
 from typing import Any
 
 from pydantic import ValidationError
@@ -31,7 +30,7 @@ from framework.kube.meta import API_VERSION, LABEL_MANAGED_BY, MANAGER, content_
 from framework.kube.model import describe_validation_error
 from framework.kube.times import format_time, parse_time
 from framework.rollout import analysis
-from framework.rollout.spec import KIND, OnFailure, RolloutSpec, Step, parse_duration
+from framework.rollout.spec import KIND, OnFailure, RolloutPhase, RolloutSpec, Step, parse_duration
 
 ROLLOUT_LABEL = "statefleet.dev/rollout"
 REVISION_LABEL = "controller-revision-hash"  # set on every pod by the StatefulSet controller
@@ -48,17 +47,6 @@ STUCK_REASONS = frozenset(
     }
 )
 POLL = 5.0  # while pods are changing; their watch events usually come first
-
-
-# Phases, as users read them in `kubectl get stsr`.
-class RolloutPhase(StrEnum):
-    HEALTHY = "Healthy"
-    PROGRESSING = "Progressing"
-    PAUSED = "Paused"
-    DEGRADED = "Degraded"
-    ROLLING_BACK = "RollingBack"
-    ABORTED = "Aborted"
-    INVALID = "InvalidSpec"
 
 
 HEALTHY, PROGRESSING, PAUSED, DEGRADED, ROLLING_BACK, ABORTED, INVALID = RolloutPhase

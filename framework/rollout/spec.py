@@ -10,8 +10,8 @@ from typing import Annotated, Any
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from framework.kube import conditions
-from framework.kube.crd import build_crd
-from framework.kube.model import ApiModel
+from framework.kube.crd import build_crd, status_properties
+from framework.kube.model import ApiModel, StatusModel
 
 KIND = "StatefulsetRollout"
 PLURAL = "statefulsetrollouts"
@@ -318,48 +318,58 @@ class RolloutSpec(ApiModel):
     notifications: Notifications = Field(default_factory=Notifications)
 
 
+# Phases, as users read them in `kubectl get stsr`.
+class RolloutPhase(StrEnum):
+    HEALTHY = "Healthy"
+    PROGRESSING = "Progressing"
+    PAUSED = "Paused"
+    DEGRADED = "Degraded"
+    ROLLING_BACK = "RollingBack"
+    ABORTED = "Aborted"
+    INVALID = "InvalidSpec"
+
+
+DATE_TIME = {"format": "date-time"}
+
+
+class StepRecord(StatusModel):
+    step: int | None = None
+    description: str | None = None
+    started_at: str | None = Field(default=None, json_schema_extra=DATE_TIME)
+    finished_at: str | None = Field(default=None, json_schema_extra=DATE_TIME)
+    updated: int | None = Field(default=None, description="replicas on the new revision after it")
+    pods: str | None = Field(default=None, description="the pods this step updated")
+
+
+class RolloutStatus(StatusModel):
+    """`status` of a StatefulsetRollout besides its conditions."""
+
+    observed_generation: int | None = Field(default=None, json_schema_extra={"format": "int64"})
+    phase: RolloutPhase | None = None
+    message: str | None = None
+    replicas: int | None = None
+    updated_replicas: int | None = Field(default=None, description="pods on the update revision")
+    ready_replicas: int | None = None
+    available_replicas: int | None = None
+    current_step_index: int | None = None
+    steps: int | None = None
+    stable_template_hash: str | None = None
+    update_template_hash: str | None = Field(default=None, description="the template being rolled out")
+    stable_revision: str | None = Field(default=None, description="the StatefulSet revision to roll back to")
+    current_revision: str | None = None
+    update_revision: str | None = None
+    aborted_template_hash: str | None = None
+    abort_reason: str | None = None
+    notified: list[str] | None = Field(default=None, description="notifications sent")
+    step_started_at: str | None = Field(default=None, json_schema_extra=DATE_TIME)
+    batch_started_at: str | None = Field(default=None, json_schema_extra=DATE_TIME)
+    history: list[StepRecord] | None = None
+
+
 STATUS_SCHEMA: dict[str, Any] = {
     "type": "object",
     "x-kubernetes-preserve-unknown-fields": True,
-    "properties": {
-        "observedGeneration": {"type": "integer", "format": "int64"},
-        "phase": {
-            "type": "string",
-            "description": "Healthy, Progressing, Paused, Degraded, RollingBack, Aborted or InvalidSpec",
-        },
-        "message": {"type": "string"},
-        "replicas": {"type": "integer"},
-        "updatedReplicas": {"type": "integer", "description": "pods on the update revision"},
-        "readyReplicas": {"type": "integer"},
-        "availableReplicas": {"type": "integer"},
-        "currentStepIndex": {"type": "integer"},
-        "steps": {"type": "integer"},
-        "stableTemplateHash": {"type": "string"},
-        "updateTemplateHash": {"type": "string", "description": "the template being rolled out"},
-        "stableRevision": {"type": "string", "description": "the StatefulSet revision to roll back to"},
-        "currentRevision": {"type": "string"},
-        "updateRevision": {"type": "string"},
-        "abortedTemplateHash": {"type": "string"},
-        "abortReason": {"type": "string"},
-        "notified": {"type": "array", "items": {"type": "string"}, "description": "notifications sent"},
-        "stepStartedAt": {"type": "string", "format": "date-time"},
-        "batchStartedAt": {"type": "string", "format": "date-time"},
-        "history": {
-            "type": "array",
-            "items": {
-                "type": "object",
-                "properties": {
-                    "step": {"type": "integer"},
-                    "description": {"type": "string"},
-                    "startedAt": {"type": "string", "format": "date-time"},
-                    "finishedAt": {"type": "string", "format": "date-time"},
-                    "updated": {"type": "integer", "description": "replicas on the new revision after it"},
-                    "pods": {"type": "string", "description": "the pods this step updated"},
-                },
-            },
-        },
-        "conditions": conditions.SCHEMA,
-    },
+    "properties": {**status_properties(RolloutStatus), "conditions": conditions.SCHEMA},
 }
 
 PRINTER_COLUMNS = [
