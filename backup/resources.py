@@ -203,10 +203,10 @@ class BackupKind(JobKind):
     status_model = BackupStatus
     deleted_by_operator = True  # a plan's retention
 
-    def ended(self, status: dict[str, Any]) -> Outcome:
-        if status.get("phase") == COMPLETED:
-            return Outcome(True, "Completed", f"{status.get('bytes', 0)} bytes in {status.get('location')}")
-        return Outcome(False, status.get("reason") or "Failed", status.get("message") or "the backup failed")
+    def ended(self, status: BackupStatus) -> Outcome:
+        if status.phase == COMPLETED:
+            return Outcome(True, "Completed", f"{status.bytes or 0} bytes in {status.location}")
+        return Outcome(False, status.reason or "Failed", status.message or "the backup failed")
 
     def failed(self, reason: str, message: str, **fields: Any) -> Outcome:
         return Outcome(
@@ -223,8 +223,8 @@ class BackupKind(JobKind):
         )
 
     async def reconcile(self, client: AsyncClient, body: dict[str, Any], spec: BackupSpec) -> Outcome:
-        status = body.get("status") or {}
-        if status.get("phase") in (COMPLETED, FAILED):
+        status = BackupStatus.model_validate(body.get("status") or {})
+        if status.phase in (COMPLETED, FAILED):
             return self.ended(status)
         meta = body["metadata"]
         namespace = meta["namespace"]
@@ -245,7 +245,7 @@ class BackupKind(JobKind):
         waiting = frozenset({storage_ref, service_ref})
         name = job_name(meta["name"], "backup")
         job, state, progress = await read_job(client, namespace, name)
-        if job is None and status.get("phase") == RUNNING:
+        if job is None and status.phase == RUNNING:
             return await self.cleanup_failed(
                 client, body, spec, "JobLost", f"Job {name} was deleted before it ended"
             )
@@ -327,16 +327,16 @@ class BackupKind(JobKind):
             "bytes": result.get("bytes", 0),
             "objects": result.get("objects", 0),
             "version": result.get("version"),
-            "startedAt": result.get("startedAt") or status.get("startedAt"),
+            "startedAt": result.get("startedAt") or status.started_at,
             "completedAt": result.get("finishedAt") or now_text(),
-            "manifest": result.get("manifest") or status.get("manifest"),
+            "manifest": result.get("manifest") or status.manifest,
             "progress": None,
             "peakMemoryBytes": (result.get("peakMemoryBytes") or {}).get("job"),
         }
         fields["durationSeconds"] = seconds_between(fields["startedAt"], fields["completedAt"])
         if result.get("physical"):
             fields["physical"] = result["physical"]
-        message = f"{fields['bytes']} bytes in {status.get('location')}"
+        message = f"{fields['bytes']} bytes in {status.location}"
         return Outcome(
             True, "Completed", message, fields=fields, events=(EventNote("Normal", "Completed", message),)
         )
@@ -360,15 +360,15 @@ class BackupKind(JobKind):
         )
 
     async def delete_objects(self, client: AsyncClient, body: dict[str, Any], spec: BackupSpec) -> int:
-        status = body.get("status") or {}
-        if not status.get("manifest"):
+        manifest = BackupStatus.model_validate(body.get("status") or {}).manifest
+        if not manifest:
             return 0  # never started
         s3, s3_api = await storage_client(client, body["metadata"]["namespace"], spec.storage)
-        prefix = status["manifest"].rsplit("/", 1)[0]
-        return await asyncio.to_thread(delete_prefix, s3_api, s3, prefix, status["manifest"])
+        prefix = manifest.rsplit("/", 1)[0]
+        return await asyncio.to_thread(delete_prefix, s3_api, s3, prefix, manifest)
 
     async def finalize(self, client: AsyncClient, body: dict[str, Any], spec: BackupSpec) -> Outcome:
-        phase = (body.get("status") or {}).get("phase")
+        phase = BackupStatus.model_validate(body.get("status") or {}).phase
         if phase == COMPLETED and spec.deletion_policy == DeletionPolicy.RETAIN:
             return Outcome(
                 True, "Retained", "deletionPolicy Retain: the backup's objects stay in the storage"
