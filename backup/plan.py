@@ -19,6 +19,7 @@ from pydantic import Field, field_validator
 
 from backup.resources import COMPLETED, FAILED, BackupKind, backups_of
 from backup.restore import RestoreKind
+from backup.restore_plan import RestoreStatus
 from backup.retention import Candidate, RetentionSpec, to_prune
 from backup.schedule import Schedule, ScheduleError
 from framework.binding import ServiceRef
@@ -401,17 +402,17 @@ class BackupPlanKind(ObjectKind):
         refs: set[Ref] = set()
         by_name = {b["metadata"]["name"]: b for b in backups}
         for restore in restores:
-            status = restore.get("status") or {}
+            status = RestoreStatus.model_validate(restore.get("status") or {})
             backup_name = restore["spec"]["backup"]
-            if status.get("phase") not in (COMPLETED, FAILED):
+            if status.phase not in (COMPLETED, FAILED):
                 refs.add(Ref("Restore", restore["metadata"]["name"]))
                 continue
-            passed = status["phase"] == COMPLETED
-            check = (status.get("details") or {}).get("check") or {}
+            passed = status.phase == COMPLETED
+            check = (status.details or {}).get("check") or {}
             message = (
                 f"restored into a throwaway instance; rows read: {check.get('rows')}"
                 if passed
-                else f"{status.get('reason')}: {status.get('message')}"
+                else f"{status.reason}: {status.message}"
             )
             backup = by_name.get(backup_name)
             if backup is not None:
@@ -431,7 +432,7 @@ class BackupPlanKind(ObjectKind):
             }
             target = restore["spec"]["target"]
             plugin = self.plugins.get(target["kind"])
-            if plugin is not None and status.get("createdTarget"):
+            if plugin is not None and status.created_target:
                 await delete_quietly(client, plugin.resource(), target["name"], namespace)
             await delete_quietly(client, RestoreKind.resource(), restore["metadata"]["name"], namespace)
         if refs:
