@@ -227,7 +227,7 @@ class ObjectController:
                     return  # the echo of our own status write: nothing new for this object
                 await self.queue.process(key)
 
-            kopf.on.event(GROUP, VERSION, kind.plural, id=f"inservice-{kind.plural}")(changed)
+            kopf.on.event(GROUP, VERSION, kind.plural, id=f"object-{kind.plural}")(changed)
         for kind, resource in self.watched.items():
             if kind in self.kinds:
                 continue
@@ -237,7 +237,7 @@ class ObjectController:
 
             info = resource._api_info
             api, plural = info.resource, info.plural
-            kopf.on.event(api.group, api.version, plural, id=f"inservice-dependency-{plural}")(other_changed)
+            kopf.on.event(api.group, api.version, plural, id=f"object-dependency-{plural}")(other_changed)
 
     async def _dependency_changed(self, kind: str, namespace: str, name: str) -> None:
         ref = Ref(kind, name)
