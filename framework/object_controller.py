@@ -24,13 +24,13 @@ from lightkube.generic_resource import create_namespaced_resource
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Secret
 from lightkube.types import PatchType
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, Field, ValidationError
 
 from framework.kube import conditions, crd
 from framework.kube.api import EventNote, about, get_or_none, post_event
 from framework.kube.conditions import Condition
 from framework.kube.meta import GROUP, LABEL_MANAGED_BY, LABEL_PART_OF, MANAGER, VERSION, owner_reference
-from framework.kube.model import describe_validation_error
+from framework.kube.model import StatusModel, describe_validation_error
 from framework.kube.queue import WorkQueue
 from framework.kube.runtime import StatusWriter, resync_forever
 from framework.kube.secrets import decoded
@@ -137,6 +137,22 @@ class UserPassword:
     secret: str  # the Secret's name
     password: str
     version: str  # the Secret's uid/resourceVersion: a new one means the password may have changed
+
+
+def password_secret_field(of_what: str = "user") -> Any:
+    """`spec.passwordSecret` of a user resource (read by `user_password`)."""
+    return Field(
+        default=None,
+        description=f"A Secret whose `password` entry is the {of_what}'s password; when empty the operator "
+        "generates <name>-credentials. Edit the Secret to change the password.",
+    )
+
+
+class CredentialsStatus(StatusModel):
+    """The status of a user resource's password (what `user_password` read, last applied)."""
+
+    secret: str | None = Field(default=None, description="the Secret with the password")
+    password_version: str | None = Field(default=None, description="the Secret's version last applied")
 
 
 async def user_password(

@@ -18,8 +18,15 @@ from pymongo.errors import OperationFailure, PyMongoError
 
 from framework.kube import conditions
 from framework.kube.api import get_or_none
-from framework.kube.model import ApiModel, StatusModel, immutable, optional_immutable
-from framework.object_controller import ObjectKind, Outcome, Ref, user_password
+from framework.kube.model import ApiModel, immutable, optional_immutable
+from framework.object_controller import (
+    CredentialsStatus,
+    ObjectKind,
+    Outcome,
+    Ref,
+    password_secret_field,
+    user_password,
+)
 from framework.spec import DeletionPolicy
 from services.mongodb.access import WantedUser, marker, ours, plan_user
 from services.mongodb.servers import CHANGE_TIMEOUT_MS, Servers
@@ -56,21 +63,15 @@ class MongoDBUserSpec(ApiModel):
         max_length=32,
         description="The user's roles; readWrite on its database when empty. (FerretDB has no roles.)",
     )
-    password_secret: str | None = Field(
-        default=None,
-        description="A Secret whose `password` entry is the user's password; when empty the operator "
-        "generates <name>-credentials. Edit the Secret to change the password.",
-    )
+    password_secret: str | None = password_secret_field()
     deletion_policy: DeletionPolicy = Field(
         default=DeletionPolicy.DELETE, description="Delete drops the user (never its data); Retain keeps it."
     )
 
 
-class MongoDBUserStatus(StatusModel):
+class MongoDBUserStatus(CredentialsStatus):
     username: str | None = None
     database: str | None = Field(default=None, description="where the user is defined (its authSource)")
-    secret: str | None = Field(default=None, description="the Secret with the user's password")
-    password_version: str | None = Field(default=None, description="the Secret's version last applied")
     created: bool | None = Field(default=None, description="this resource made the user")
     roles: list[str] | None = None
     hosts: list[str] | None = None

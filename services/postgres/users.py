@@ -26,8 +26,15 @@ from psycopg import AsyncConnection, sql
 from pydantic import ConfigDict, Field
 
 from framework.kube.api import EventNote, get_or_none
-from framework.kube.model import ApiModel, StatusModel, immutable
-from framework.object_controller import ObjectKind, Outcome, Ref, user_password
+from framework.kube.model import ApiModel, immutable
+from framework.object_controller import (
+    CredentialsStatus,
+    ObjectKind,
+    Outcome,
+    Ref,
+    password_secret_field,
+    user_password,
+)
 from framework.spec import DeletionPolicy
 from services.postgres import backup_replace
 from services.postgres.instances import Servers
@@ -96,11 +103,7 @@ class PostgresUserSpec(ApiModel):
         description="Roles to grant, e.g. pg_read_all_data, pg_write_all_data, pg_monitor.",
     )
     connection_limit: int = Field(default=-1, ge=-1, description="-1: no limit.")
-    password_secret: str | None = Field(
-        default=None,
-        description="A Secret whose `password` entry is the role's password; when empty the operator "
-        "generates <name>-credentials. Edit the Secret to change the password.",
-    )
+    password_secret: str | None = password_secret_field("role")
     deletion_policy: DeletionPolicy = Field(
         default=DeletionPolicy.DELETE,
         description="Delete drops the role (what it owned goes to postgres); Retain keeps it.",
@@ -289,11 +292,9 @@ async def primary_address(client: AsyncClient, instance: dict[str, Any]) -> str 
     return (pod.get("status") or {}).get("podIP")
 
 
-class PostgresUserStatus(StatusModel):
+class PostgresUserStatus(CredentialsStatus):
     role: str | None = None
     database: str | None = None
-    secret: str | None = Field(default=None, description="the Secret with the role's password")
-    password_version: str | None = Field(default=None, description="the Secret's version last applied")
     member_of: list[str] | None = None
 
 

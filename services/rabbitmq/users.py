@@ -19,7 +19,14 @@ from pydantic import ConfigDict, Field
 from framework.kube import conditions
 from framework.kube.api import get_or_none
 from framework.kube.model import ApiModel, StatusModel, immutable, optional_immutable
-from framework.object_controller import ObjectKind, Outcome, Ref, user_password
+from framework.object_controller import (
+    CredentialsStatus,
+    ObjectKind,
+    Outcome,
+    Ref,
+    password_secret_field,
+    user_password,
+)
 from framework.spec import DeletionPolicy
 from services.rabbitmq.access import (
     KNOWN_TAGS,
@@ -64,11 +71,7 @@ class RabbitMQUserSpec(ApiModel):
         default=False,
         description="A vhost named after the user, with every permission on it (kept when the user goes).",
     )
-    password_secret: str | None = Field(
-        default=None,
-        description="A Secret whose `password` entry is the user's password; when empty the operator "
-        "generates <name>-credentials. Edit the Secret to change the password.",
-    )
+    password_secret: str | None = password_secret_field()
     deletion_policy: DeletionPolicy = Field(
         default=DeletionPolicy.DELETE, description="Delete deletes the user; Retain keeps it."
     )
@@ -125,11 +128,9 @@ def own_vhost_clash(
     return None
 
 
-class RabbitMQUserStatus(StatusModel):
+class RabbitMQUserStatus(CredentialsStatus):
     username: str | None = None
     vhost: str | None = Field(default=None, description="its own vhost")
-    secret: str | None = Field(default=None, description="the Secret with the user's password")
-    password_version: str | None = Field(default=None, description="the Secret's version last applied")
 
 
 class RabbitMQVhostStatus(StatusModel):
