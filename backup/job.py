@@ -10,6 +10,7 @@ is owned by the instance instead, and deleted by the Restore's finalizer.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
 from backup.storage import CREDENTIAL_KEYS, S3Spec
@@ -18,6 +19,25 @@ from framework.kube.meta import LABEL_MANAGED_BY, LABEL_PART_OF, MANAGER, owner_
 
 JOB_LABEL = "statefleet.dev/backup-job"
 DEFAULT_DEADLINE = 6 * 3600  # seconds
+
+
+@dataclass(frozen=True)
+class StartJob:
+    """A planned Job of a Backup or a Restore (`build_job`)."""
+
+    action: str  # backup, restore, verify, rollback: the Job is `<owner>-<action>`
+    request: dict[str, Any]
+    service_env: bool = True  # the Job reaches the instance (a verify Job reads the storage only)
+    retries: int = 0
+    owned_by_target: bool = False  # a Restore being deleted has its target own the Job
+    deadline_seconds: int = DEFAULT_DEADLINE
+
+
+@dataclass(frozen=True)
+class DeleteJob:
+    action: str
+    foreground: bool = False  # wait for its pod, so it holds nothing
+    best_effort: bool = False
 
 
 def build_job(

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from backup.plan import BackupPlanKind
-from backup.resources import BackupKind, BackupStorageKind
+from backup.resources import BackupStorageKind
 from backup.restore import RestoreKind
+from backup.take import BackupKind
 from framework.object_controller import ObjectKind
 from framework.plugin import ServicePlugin
 

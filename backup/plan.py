@@ -17,11 +17,12 @@ from lightkube.core.exceptions import ApiError
 from lightkube.types import PatchType
 from pydantic import Field, field_validator
 
-from backup.resources import COMPLETED, FAILED, BackupKind, backups_of
+from backup.resources import COMPLETED, FAILED, backups_of
 from backup.restore import RestoreKind
 from backup.restore_plan import RestoreStatus
 from backup.retention import Candidate, RetentionSpec, to_prune
 from backup.schedule import Schedule, ScheduleError
+from backup.take import BackupKind
 from framework.binding import ServiceRef
 from framework.kube import conditions
 from framework.kube.api import EventNote, post_event

@@ -19,17 +19,15 @@ from lightkube.resources.core_v1 import Secret
 from lightkube.types import CascadeType
 from pydantic import ConfigDict, Field
 
-from backup.job import DEFAULT_DEADLINE, build_job
-from backup.manifest import location, manifest_key
-from backup.storage import CREDENTIAL_KEYS, S3Spec, StorageError, delete_prefix, explain, s3_client
+from backup.job import DeleteJob, StartJob, build_job
+from backup.storage import CREDENTIAL_KEYS, S3Spec, StorageError, explain, s3_client
 from framework.binding import ServiceRef
 from framework.kube import conditions
-from framework.kube.api import EventNote, get_or_none
-from framework.kube.jobs import job_name, read_job
+from framework.kube.api import get_or_none
+from framework.kube.jobs import job_name
 from framework.kube.model import ApiModel, StatusModel, free_form
 from framework.kube.secrets import decoded
-from framework.kube.times import now_text, seconds_between
-from framework.object_controller import ObjectKind, Outcome, Ref
+from framework.object_controller import ObjectKind, Outcome
 from framework.plugin import Backups, ServicePlugin
 from framework.spec import DeletionPolicy
 
@@ -171,12 +169,9 @@ class JobKind(ObjectKind):
         self,
         client: AsyncClient,
         body: dict[str, Any],
-        action: str,
-        request: dict[str, Any],
+        start: StartJob,
         storage: S3Spec,
         service_env: list[dict[str, Any]],
-        deadline_seconds: int = DEFAULT_DEADLINE,
-        retries: int = 0,
         owned_by: tuple[str, dict[str, Any]] | None = None,
     ) -> None:
         if not self.job_image:
@@ -184,225 +179,18 @@ class JobKind(ObjectKind):
         job = build_job(
             owner_kind=self.kind,
             owner=body,
-            action=action,
-            request=request,
+            action=start.action,
+            request=start.request,
             storage=storage,
             service_env=service_env,
             image=self.job_image,
-            deadline_seconds=deadline_seconds,
-            retries=retries,
+            deadline_seconds=start.deadline_seconds,
+            retries=start.retries,
             owned_by=owned_by,
         )
         await client.create(codecs.from_dict(job))
 
-
-class BackupKind(JobKind):
-    kind = "Backup"
-    plural = "backups"
-    spec_model = BackupSpec
-    status_model = BackupStatus
-    deleted_by_operator = True  # a plan's retention
-
-    def ended(self, status: BackupStatus) -> Outcome:
-        if status.phase == COMPLETED:
-            return Outcome(True, "Completed", f"{status.bytes or 0} bytes in {status.location}")
-        return Outcome(False, status.reason or "Failed", status.message or "the backup failed")
-
-    def failed(self, reason: str, message: str, **fields: Any) -> Outcome:
-        return Outcome(
-            False,
-            reason,
-            message,
-            fields={
-                "phase": FAILED,
-                "reason": reason,
-                "message": message,
-                "completedAt": now_text(),
-                **fields,
-            },
-        )
-
-    async def reconcile(self, client: AsyncClient, body: dict[str, Any], spec: BackupSpec) -> Outcome:
-        status = BackupStatus.model_validate(body.get("status") or {})
-        if status.phase in (COMPLETED, FAILED):
-            return self.ended(status)
-        meta = body["metadata"]
-        namespace = meta["namespace"]
-        plugin = self.plugins.get(spec.service.kind)
-        if plugin is None or plugin.backups is None:
-            known = ", ".join(sorted(k for k, p in self.plugins.items() if p.backups))
-            return self.failed(
-                "UnknownService", f"spec.service.kind: {spec.service.kind} has no backups; one of {known}"
-            )
-        backups = plugin.backups
-        method = spec.method or backups.methods[0]
-        if method not in backups.methods:
-            return self.failed(
-                "UnsupportedMethod",
-                f"spec.method: {plugin.kind} backups are {' or '.join(backups.methods)}, not {method}",
-            )
-        storage_ref, service_ref = Ref("BackupStorage", spec.storage), Ref(plugin.kind, spec.service.name)
-        waiting = frozenset({storage_ref, service_ref})
-        name = job_name(meta["name"], "backup")
-        job, state, progress = await read_job(client, namespace, name)
-        if job is None and status.phase == RUNNING:
-            return await self.cleanup_failed(
-                client, body, spec, "JobLost", f"Job {name} was deleted before it ended"
-            )
-        if job is None:
-            try:
-                s3, _ = await storage_client(client, namespace, spec.storage)
-            except StorageError as error:
-                return Outcome(
-                    False,
-                    error.reason,
-                    str(error),
-                    depends_on=waiting,
-                    retry_in=30,
-                    fields={"phase": PENDING},
-                )
-            instance = await get_or_none(client, plugin.resource(), spec.service.name, namespace)
-            if instance is None:
-                return Outcome(
-                    False,
-                    "ServiceNotFound",
-                    f"spec.service.name: {plugin.kind} {spec.service.name} does not exist",
-                    depends_on=waiting,
-                    fields={"phase": PENDING},
-                )
-            if not ready_condition(instance):
-                return Outcome(
-                    False,
-                    "InstanceNotReady",
-                    f"{plugin.kind} {spec.service.name} is not ready: the backup starts once it is",
-                    depends_on=waiting,
-                    retry_in=15,
-                    fields={"phase": PENDING},
-                )
-            where = location(s3.prefix, namespace, plugin.kind, spec.service.name, meta["name"], meta["uid"])
-            request = {
-                "action": "backup",
-                "driver": backups.driver,
-                "storage": s3.to_api(),
-                "location": where,
-                "method": method,
-                "backup": {"namespace": namespace, "name": meta["name"], "uid": meta["uid"]},
-                "service": {"kind": plugin.kind, "name": spec.service.name},
-            }
-            await self.start_job(
-                client,
-                body,
-                "backup",
-                request,
-                s3,
-                backups.job_env(spec.service.name),
-                spec.deadline_seconds,
-            )
-            fields = {
-                "phase": RUNNING,
-                "method": method,
-                "job": name,
-                "startedAt": now_text(),
-                "location": f"s3://{s3.bucket}/{where}",
-                "manifest": manifest_key(where),
-                "instanceSpec": instance.get("spec") or {},
-            }
-            return Outcome(
-                False,
-                "Running",
-                f"Job {name} takes a {method} backup of {plugin.kind} {spec.service.name}",
-                fields=fields,
-                retry_in=3,
-                events=(EventNote("Normal", "Started", f"Job {name} takes a {method} backup"),),
-            )
-        if state.phase == RUNNING:
-            fields = {"progress": progress} if progress else {}
-            done = f": {progress.get('bytes', 0)} bytes so far" if progress else ""
-            return Outcome(False, "Running", f"Job {name} is running{done}", fields=fields, retry_in=5)
-        if state.phase == "Failed":
-            return await self.cleanup_failed(client, body, spec, state.reason, state.message)
-        result = state.result or {}
-        fields = {
-            "phase": COMPLETED,
-            "bytes": result.get("bytes", 0),
-            "objects": result.get("objects", 0),
-            "version": result.get("version"),
-            "startedAt": result.get("startedAt") or status.started_at,
-            "completedAt": result.get("finishedAt") or now_text(),
-            "manifest": result.get("manifest") or status.manifest,
-            "progress": None,
-            "peakMemoryBytes": (result.get("peakMemoryBytes") or {}).get("job"),
-        }
-        fields["durationSeconds"] = seconds_between(fields["startedAt"], fields["completedAt"])
-        if result.get("physical"):
-            fields["physical"] = result["physical"]
-        message = f"{fields['bytes']} bytes in {status.location}"
-        return Outcome(
-            True, "Completed", message, fields=fields, events=(EventNote("Normal", "Completed", message),)
-        )
-
-    async def cleanup_failed(
-        self, client: AsyncClient, body: dict[str, Any], spec: BackupSpec, reason: str, message: str
-    ) -> Outcome:
-        """A failed backup leaves nothing: a partial upload never counts."""
-        note = ""
-        try:
-            await self.delete_objects(client, body, spec)
-        except Exception as error:
-            note = f" (its partial objects remain: {explain(error, '')})"
-        outcome = self.failed(reason, message + note, progress=None)
-        return Outcome(
-            outcome.ready,
-            outcome.reason,
-            outcome.message,
-            fields=outcome.fields,
-            events=(EventNote("Warning", reason, outcome.message),),
-        )
-
-    async def delete_objects(self, client: AsyncClient, body: dict[str, Any], spec: BackupSpec) -> int:
-        manifest = BackupStatus.model_validate(body.get("status") or {}).manifest
-        if not manifest:
-            return 0  # never started
-        s3, s3_api = await storage_client(client, body["metadata"]["namespace"], spec.storage)
-        prefix = manifest.rsplit("/", 1)[0]
-        return await asyncio.to_thread(delete_prefix, s3_api, s3, prefix, manifest)
-
-    async def finalize(self, client: AsyncClient, body: dict[str, Any], spec: BackupSpec) -> Outcome:
-        phase = BackupStatus.model_validate(body.get("status") or {}).phase
-        if phase == COMPLETED and spec.deletion_policy == DeletionPolicy.RETAIN:
-            return Outcome(
-                True, "Retained", "deletionPolicy Retain: the backup's objects stay in the storage"
-            )
-        if phase == RUNNING:
-            # Its Job stopped, pod and all, first: an upload still going would leave objects
-            # behind the deletion.
-            meta = body["metadata"]
-            name = job_name(meta["name"], "backup")
-            job, state, _ = await read_job(client, meta["namespace"], name)
-            if job is not None and state.phase == RUNNING:
-                if not (job.get("metadata") or {}).get("deletionTimestamp"):
-                    await client.delete(
-                        Job, name, namespace=meta["namespace"], cascade=CascadeType.FOREGROUND
-                    )
-                return Outcome(
-                    False, "Stopping", f"deleted while it ran: Job {name} is stopped first", retry_in=3
-                )
-        try:
-            deleted = await self.delete_objects(client, body, spec)
-        except StorageError as error:
-            if error.reason == "StorageNotFound":
-                return Outcome(True, "StorageGone", f"{error}: nothing can be deleted")
-            return Outcome(
-                False, error.reason, f"the backup's objects cannot be deleted yet: {error}", retry_in=30
-            )
-        return Outcome(True, "Deleted", f"{deleted} objects deleted from the storage")
-
-    def printer_columns(self) -> list[dict[str, Any]]:
-        return [
-            {"name": "Service", "type": "string", "jsonPath": ".spec.service.name"},
-            {"name": "Method", "type": "string", "jsonPath": ".status.method"},
-            {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
-            {"name": "Bytes", "type": "integer", "jsonPath": ".status.bytes"},
-            {"name": "Reason", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Ready")].reason'},
-            {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
-        ]
+    async def delete_job(self, client: AsyncClient, body: dict[str, Any], delete: DeleteJob) -> None:
+        cascade = CascadeType.FOREGROUND if delete.foreground else CascadeType.BACKGROUND
+        name = job_name(body["metadata"]["name"], delete.action)
+        await client.delete(Job, name, namespace=body["metadata"]["namespace"], cascade=cascade)

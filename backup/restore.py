@@ -14,29 +14,27 @@ from typing import Any
 
 from lightkube import AsyncClient, codecs
 from lightkube.core.exceptions import ApiError
-from lightkube.resources.batch_v1 import Job
 from lightkube.resources.core_v1 import Pod, Secret
-from lightkube.types import CascadeType, PatchType
+from lightkube.types import PatchType
 
 from backup import in_place
-from backup.resources import COMPLETED, FAILED, BackupKind, BackupSpec, JobKind, backups_of, storage_client
+from backup.job import DeleteJob, StartJob
+from backup.resources import COMPLETED, FAILED, BackupSpec, JobKind, backups_of, storage_client
 from backup.restore_plan import (
     Action,
     Ask,
     CreateTarget,
-    DeleteJob,
-    JobView,
     RestorePlanner,
     RestoreSpec,
     RestoreStatus,
     RestoreView,
-    StartJob,
     Step,
     WriteBootstrapSecret,
 )
 from backup.storage import CREDENTIAL_KEYS, StorageError
+from backup.take import BackupKind
 from framework.kube.api import get_or_none
-from framework.kube.jobs import job_name, read_job, termination
+from framework.kube.jobs import job_name, observe_job, termination
 from framework.kube.meta import LABEL_INSTANCE, LABEL_NAME, owner_reference
 from framework.kube.secrets import decoded
 from framework.kube.times import now_text
@@ -103,10 +101,9 @@ class RestoreKind(JobKind):
         target = plugin and await get_or_none(client, plugin.resource(), spec.target.name, namespace)
         jobs = {}
         for action in JOB_ACTIONS:
-            job, state, progress = await read_job(client, namespace, job_name(meta["name"], action))
-            if job is not None:
-                deleting = bool((job.get("metadata") or {}).get("deletionTimestamp"))
-                jobs[action] = JobView(True, deleting, state, progress)
+            job = await observe_job(client, namespace, job_name(meta["name"], action))
+            if job.exists:
+                jobs[action] = job
         failure = None
         if plugin is not None and target is not None and "restore" not in jobs:
             failure = await bootstrap_failure(client, plugin, namespace, spec.target.name)
@@ -172,20 +169,9 @@ class RestoreKind(JobKind):
                 assert view.storage is not None
                 env = backups_of(plugin).job_env(view.spec.target.name) if action.service_env else []
                 owned_by = (plugin.kind, target) if action.owned_by_target and target else None
-                await self.start_job(
-                    client,
-                    body,
-                    action.action,
-                    action.request,
-                    view.storage,
-                    env,
-                    retries=action.retries,
-                    owned_by=owned_by,
-                )
+                await self.start_job(client, body, action, view.storage, env, owned_by)
             case DeleteJob():
-                cascade = CascadeType.FOREGROUND if action.foreground else CascadeType.BACKGROUND
-                name = job_name(view.name, action.action)
-                await client.delete(Job, name, namespace=namespace, cascade=cascade)
+                await self.delete_job(client, body, action)
             case Ask():
                 assert plugin is not None
                 assert target is not None

@@ -26,7 +26,7 @@ from typing import Any
 from pydantic import ConfigDict, Field
 
 from backup import in_place
-from backup.job import DEFAULT_DEADLINE
+from backup.job import DEFAULT_DEADLINE, DeleteJob, StartJob
 from backup.resources import (
     COMPLETED,
     FAILED,
@@ -40,7 +40,7 @@ from backup.resources import (
 )
 from backup.storage import S3Spec, StorageError
 from framework.kube.api import EventNote
-from framework.kube.jobs import JobState, job_name
+from framework.kube.jobs import NO_JOB, JobView, job_name
 from framework.kube.meta import API_VERSION
 from framework.kube.model import ApiModel, StatusModel, free_form
 from framework.kube.times import parse_time
@@ -126,22 +126,6 @@ class RestoreStatus(StatusModel):
     )
 
 
-NOT_STARTED = JobState(RUNNING)  # what `read_job` says of a Job that does not exist
-
-
-@dataclass(frozen=True)
-class JobView:
-    """One of the Restore's Jobs as a pass saw it (`exists` False: none)."""
-
-    exists: bool = False
-    deleting: bool = False
-    state: JobState = NOT_STARTED
-    progress: Any = None
-
-
-NO_JOB = JobView()
-
-
 @dataclass(frozen=True)
 class RestoreView:
     """What one pass observed of a Restore and the objects it works with."""
@@ -178,22 +162,6 @@ class WriteBootstrapSecret:
 
     request: dict[str, Any]
     replace: bool = False
-
-
-@dataclass(frozen=True)
-class StartJob:
-    action: str  # restore, verify, rollback: the Job is `<restore>-<action>`
-    request: dict[str, Any]
-    service_env: bool = True  # the Job reaches the instance (a verify Job reads the storage only)
-    retries: int = 0
-    owned_by_target: bool = False  # a Restore being deleted has its target own the Job
-
-
-@dataclass(frozen=True)
-class DeleteJob:
-    action: str
-    foreground: bool = False  # wait for its pod, so it holds nothing
-    best_effort: bool = False
 
 
 @dataclass(frozen=True)

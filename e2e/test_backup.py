@@ -27,8 +27,9 @@ from lightkube.resources.core_v1 import Event, Pod, Secret, Service
 from lightkube.types import CascadeType, PatchType
 
 from backup.plan import BackupPlanKind
-from backup.resources import BackupKind, BackupStorageKind
+from backup.resources import BackupStorageKind
 from backup.restore import RestoreKind
+from backup.take import BackupKind
 from e2e.kube import (
     REPO,
     apply,

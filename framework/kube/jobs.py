@@ -32,6 +32,22 @@ class JobState:
     message: str = ""
 
 
+NOT_STARTED = JobState(RUNNING)  # what `read_job` says of a Job that does not exist
+
+
+@dataclass(frozen=True)
+class JobView:
+    """A Job as a pass saw it (`exists` False: there is none)."""
+
+    exists: bool = False
+    deleting: bool = False
+    state: JobState = NOT_STARTED
+    progress: Any = None
+
+
+NO_JOB = JobView()
+
+
 def termination(pod: dict[str, Any] | None) -> tuple[dict[str, Any] | None, str]:
     """The job's JSON report from its pod's termination message, and how the container ended."""
     for status in ((pod or {}).get("status") or {}).get("containerStatuses") or []:
@@ -107,3 +123,10 @@ async def read_job(
         except ApiError:
             pass  # the log is not there yet
     return job, state, progress
+
+
+async def observe_job(client: AsyncClient, namespace: str, name: str) -> JobView:
+    job, state, progress = await read_job(client, namespace, name)
+    if job is None:
+        return NO_JOB
+    return JobView(True, bool((job.get("metadata") or {}).get("deletionTimestamp")), state, progress)

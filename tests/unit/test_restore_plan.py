@@ -11,25 +11,23 @@ from typing import Any
 import pytest
 
 from backup import in_place
+from backup.job import DeleteJob, StartJob
 from backup.restore import RestoreKind
 from backup.restore_plan import (
     ROLLBACK_RETRIES,
     Ask,
     CreateTarget,
-    DeleteJob,
-    JobView,
     RestorePlanner,
     RestoreSpec,
     RestoreStatus,
     RestoreView,
-    StartJob,
     Step,
     WriteBootstrapSecret,
     replace_token,
 )
 from backup.storage import S3Spec, StorageError
 from framework.kube.crd import dropped_fields
-from framework.kube.jobs import JobState
+from framework.kube.jobs import JobState, JobView
 from framework.kube.times import format_time
 from services.postgres import PLUGIN as POSTGRES
 

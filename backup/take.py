@@ -1,0 +1,129 @@
+"""`Backup`: one attempt at a backup of an instance, run by a Job (`backup.job`). The decisions
+are `backup.take_plan`'s; this module observes (the Job, the storage, the instance) and runs
+the actions. Its state lives in `status`, so a restarted operator follows the same Job.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+from typing import Any
+
+from lightkube import AsyncClient
+
+from backup.job import DeleteJob, StartJob
+from backup.resources import (
+    COMPLETED,
+    FAILED,
+    RUNNING,
+    BackupSpec,
+    BackupStatus,
+    JobKind,
+    storage_client,
+)
+from backup.storage import StorageError, delete_prefix, explain
+from backup.take_plan import (
+    BackupStep,
+    BackupView,
+    DeleteObjects,
+    plan_backup,
+    plan_backup_deletion,
+)
+from framework.kube.api import EventNote, get_or_none
+from framework.kube.jobs import job_name, observe_job
+from framework.kube.times import now_text
+from framework.object_controller import Outcome
+
+
+class BackupKind(JobKind):
+    kind = "Backup"
+    plural = "backups"
+    spec_model = BackupSpec
+    status_model = BackupStatus
+    deleted_by_operator = True  # a plan's retention
+
+    async def observe(self, client: AsyncClient, body: dict[str, Any], spec: BackupSpec) -> BackupView:
+        meta = body["metadata"]
+        namespace = meta["namespace"]
+        status = BackupStatus.model_validate(body.get("status") or {})
+        view = BackupView(
+            name=meta["name"],
+            namespace=namespace,
+            uid=meta["uid"],
+            spec=spec,
+            status=status,
+            deleting=bool(meta.get("deletionTimestamp")),
+        )
+        if status.phase in (COMPLETED, FAILED) and not view.deleting:
+            return view  # ended: nothing more to read
+        job = await observe_job(client, namespace, job_name(meta["name"], "backup"))
+        # The storage is read when the Backup may start, clean up after a failure, or go.
+        running = job.exists and job.state.phase == RUNNING
+        storage, storage_error = None, None
+        if view.deleting or not running:
+            try:
+                storage, _ = await storage_client(client, namespace, spec.storage)
+            except StorageError as error:
+                storage_error = error
+        plugin = self.plugins.get(spec.service.kind)
+        instance = None
+        if plugin is not None and not job.exists and status.phase != RUNNING and not view.deleting:
+            instance = await get_or_none(client, plugin.resource(), spec.service.name, namespace)
+        return replace(view, job=job, storage=storage, storage_error=storage_error, instance=instance)
+
+    async def reconcile(self, client: AsyncClient, body: dict[str, Any], spec: BackupSpec) -> Outcome:
+        view = await self.observe(client, body, spec)
+        return await self.run(client, body, view, plan_backup(view, self.plugins, now_text()))
+
+    async def finalize(self, client: AsyncClient, body: dict[str, Any], spec: BackupSpec) -> Outcome:
+        view = await self.observe(client, body, spec)
+        return await self.run(client, body, view, plan_backup_deletion(view))
+
+    async def run(
+        self, client: AsyncClient, body: dict[str, Any], view: BackupView, step: BackupStep
+    ) -> Outcome:
+        outcome = step.outcome
+        for action in step.actions:
+            match action:
+                case StartJob():
+                    plugin = self.plugins[view.spec.service.kind]
+                    assert plugin.backups is not None
+                    assert view.storage is not None
+                    env = plugin.backups.job_env(view.spec.service.name)
+                    await self.start_job(client, body, action, view.storage, env)
+                case DeleteJob():
+                    await self.delete_job(client, body, action)
+                case DeleteObjects():
+                    try:
+                        deleted = await self.delete_objects(client, view, action.manifest)
+                    except Exception as error:
+                        if not action.best_effort:
+                            raise
+                        outcome = with_note(outcome, f" (its partial objects remain: {explain(error, '')})")
+                    else:
+                        if not action.best_effort:  # the deletion of a Backup: say how much went
+                            outcome = replace(outcome, message=f"{deleted} objects deleted from the storage")
+        return outcome
+
+    async def delete_objects(self, client: AsyncClient, view: BackupView, manifest: str) -> int:
+        s3, s3_api = await storage_client(client, view.namespace, view.spec.storage)
+        prefix = manifest.rsplit("/", 1)[0]
+        return await asyncio.to_thread(delete_prefix, s3_api, s3, prefix, manifest)
+
+    def printer_columns(self) -> list[dict[str, Any]]:
+        return [
+            {"name": "Service", "type": "string", "jsonPath": ".spec.service.name"},
+            {"name": "Method", "type": "string", "jsonPath": ".status.method"},
+            {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
+            {"name": "Bytes", "type": "integer", "jsonPath": ".status.bytes"},
+            {"name": "Reason", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Ready")].reason'},
+            {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+        ]
+
+
+def with_note(outcome: Outcome, note: str) -> Outcome:
+    """A failure's outcome with what its cleanup could not do added to its message."""
+    message = outcome.message + note
+    fields = {**outcome.fields, "message": message}
+    events = tuple(EventNote(e.type, e.reason, message) for e in outcome.events)
+    return replace(outcome, message=message, fields=fields, events=events)
