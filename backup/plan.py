@@ -3,7 +3,9 @@ retention. The decision is a pure function of the clock, the plan and its Backup
 (`plan_backups`); the kind only reads, creates and deletes.
 
 A plan's Backups carry its label, not an owner reference: deleting a plan never deletes a
-backup. They are created with deletionPolicy Delete, so pruning one removes its objects.
+backup. They are created with deletionPolicy Retain, so deleting them otherwise (a namespace
+deleted, `kubectl delete backups --all`, a GitOps prune) leaves their objects in the storage;
+retention marks a Backup (`PRUNED_BY`) before it deletes it, so pruning one removes its objects.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from backup.restore_plan import RestoreStatus
 from backup.retention import Candidate, RetentionSpec, to_prune
 from backup.schedule import Schedule, ScheduleError
 from backup.take import BackupKind
+from backup.take_plan import PRUNED_BY
 from framework.binding import ServiceRef
 from framework.kube import conditions
 from framework.kube.api import EventNote, post_event
@@ -331,6 +334,8 @@ class BackupPlanKind(ObjectKind):
         events = []
         for old in decision.prune:
             try:
+                marked = {"metadata": {"annotations": {PRUNED_BY: name}}}
+                await client.patch(resource, old, marked, namespace=namespace, patch_type=PatchType.MERGE)
                 await client.delete(resource, old, namespace=namespace)
                 events.append(EventNote("Normal", "Pruned", f"Backup {old} deleted by retention"))
             except ApiError as error:
@@ -476,7 +481,7 @@ class BackupPlanKind(ObjectKind):
         backup_spec: dict[str, Any] = {
             "service": spec.service.to_api(),
             "storage": spec.storage,
-            "deletionPolicy": "Delete",
+            "deletionPolicy": "Retain",
             "deadlineSeconds": spec.deadline_seconds,
         }
         if spec.method:

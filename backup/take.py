@@ -23,6 +23,7 @@ from backup.resources import (
 )
 from backup.storage import StorageError, delete_prefix, explain
 from backup.take_plan import (
+    PRUNED_BY,
     BackupStep,
     BackupView,
     DeleteObjects,
@@ -53,6 +54,7 @@ class BackupKind(JobKind):
             spec=spec,
             status=status,
             deleting=bool(meta.get("deletionTimestamp")),
+            pruned=PRUNED_BY in (meta.get("annotations") or {}),
         )
         if status.phase in (COMPLETED, FAILED) and not view.deleting:
             return view  # ended: nothing more to read

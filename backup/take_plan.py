@@ -24,6 +24,10 @@ from framework.object_controller import Outcome, Ref
 from framework.plugin import ServicePlugin
 from framework.spec import DeletionPolicy
 
+# Set by a BackupPlan's retention on a Backup it deletes: its objects go with it, whatever its
+# deletionPolicy (Retain, for every Backup a plan makes: deleting a namespace, or
+# `kubectl delete backups --all`, must not delete the off-site copies).
+PRUNED_BY = "statefleet.dev/pruned-by"
 STORAGE_NOT_READ = StorageError("StorageNotFound", "the storage was not read")
 
 
@@ -37,6 +41,7 @@ class BackupView:
     spec: BackupSpec
     status: BackupStatus
     deleting: bool = False
+    pruned: bool = False  # deleted by its plan's retention (`PRUNED_BY`)
     job: JobView = NO_JOB
     storage: S3Spec | None = None  # read while it may start, clean up or delete
     storage_error: StorageError | None = None
@@ -187,9 +192,11 @@ def fail_and_clean_up(view: BackupView, reason: str, message: str, now: str) -> 
 
 
 def plan_backup_deletion(view: BackupView) -> BackupStep:
-    """A Backup deleted: its objects go with it (`deletionPolicy: Delete`), after its Job stopped."""
+    """A Backup deleted: its objects go with it when its deletionPolicy is Delete or its plan's
+    retention deleted it, after its Job stopped."""
     status = view.status
-    if status.phase == COMPLETED and view.spec.deletion_policy == DeletionPolicy.RETAIN:
+    keep = view.spec.deletion_policy == DeletionPolicy.RETAIN and not view.pruned
+    if status.phase == COMPLETED and keep:
         return BackupStep(
             Outcome(True, "Retained", "deletionPolicy Retain: the backup's objects stay in the storage")
         )

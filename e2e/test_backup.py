@@ -575,6 +575,18 @@ def test_a_plan_backs_up_on_schedule_verifies_and_prunes(
     assert plan_status["lastSuccessfulBackup"] in plan_backups(kube, namespace, "demo-nightly")
     assert plan_status["consecutiveFailures"] == 0
 
+    # Deleted any other way than by retention (`kubectl delete backups --all`, the namespace),
+    # a plan's backup leaves its objects in the storage: retention is the only automatic deletion.
+    kube.delete(BackupPlan, "demo-nightly", namespace=namespace)  # deletes none of its backups
+    survivor = plan_status["lastSuccessfulBackup"]
+    kept = kube.get(Backup, survivor, namespace=namespace).to_dict()
+    assert kept["spec"]["deletionPolicy"] == "Retain"
+    kept_prefix = kept["status"]["manifest"].rsplit("/", 1)[0] + "/"
+    kube.delete(Backup, survivor, namespace=namespace)
+    wait_until("the Backup deleted", lambda: get_or_none(kube, Backup, survivor, namespace) is None, 60)
+    left = api.list_objects_v2(Bucket=bucket, Prefix=kept_prefix).get("Contents") or []
+    assert kept_prefix + "manifest.json" in [item["Key"] for item in left]
+
 
 def test_a_restore_test_fails_loudly_on_a_tampered_backup(
     kube: Client, namespace: str, operator: OperatorProcess, bucket: str

@@ -169,3 +169,11 @@ def test_a_deleted_backup_stops_its_job_first_then_takes_its_objects_unless_reta
     assert plan(
         replace(view(deleting=True), status=BackupStatus(phase="Pending")), deletion=True
     ).outcome.ready
+
+
+def test_a_backup_its_plan_pruned_takes_its_objects_though_it_is_retained() -> None:
+    completed = replace(view(deleting=True), status=BackupStatus(phase="Completed", manifest=MANIFEST))
+    assert completed.spec.deletion_policy == "Retain"  # the default, and what a plan sets
+    assert plan(completed, deletion=True).outcome.reason == "Retained"
+    pruned = replace(completed, pruned=True)
+    assert plan(pruned, deletion=True).actions == (DeleteObjects(MANIFEST),)
