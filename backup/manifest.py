@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from botocore.exceptions import BotoCoreError, ClientError
 from pydantic import BaseModel, Field
 
-from backup.storage import object_key
+from backup.storage import S3Spec, StorageError, explain, object_key, read_chunks
 
 MANIFEST = "manifest.json"
 FORMAT = 2  # 2: objects stored as pieces; 1: each object one key (still read)
@@ -61,6 +62,9 @@ class Manifest(BaseModel):
     objects: list[ManifestObject]
     physical: PhysicalPosition | None = None
     details: dict[str, Any] = Field(default_factory=dict)  # the driver's own (databases, sizes)
+    # The instance's spec when taken: a new instance restored from the bucket alone (a new
+    # cluster after a disaster, without the Backup objects) starts from it. Older ones lack it.
+    instance_spec: dict[str, Any] | None = Field(default=None, alias="instanceSpec")
 
     model_config = {"populate_by_name": True}
 
@@ -79,3 +83,33 @@ def location(prefix: str, namespace: str, kind: str, instance: str, backup: str,
 
 def manifest_key(backup_location: str) -> str:
     return object_key(backup_location, MANIFEST)
+
+
+def read_manifest(client: Any, spec: S3Spec, location: str) -> Manifest:
+    """The manifest of the backup at `location`; `StorageError` ManifestMissing when there is
+    none (the backup never completed, or the location is wrong)."""
+    key = manifest_key(location)
+    try:
+        raw = b"".join(read_chunks(client, spec, key))
+    except (BotoCoreError, ClientError) as error:
+        found = explain(error, spec.bucket)
+        if found.reason == "ObjectNotFound":
+            raise StorageError(
+                "ManifestMissing", f"{key} does not exist: the backup never completed"
+            ) from error
+        raise found from error
+    return Manifest.model_validate_json(raw)
+
+
+def found_locations(client: Any, spec: S3Spec) -> list[str]:
+    """The location of every backup under the storage's prefix (each has its manifest)."""
+    suffix = "/" + MANIFEST
+    locations = []
+    pages = client.get_paginator("list_objects_v2").paginate(
+        Bucket=spec.bucket, Prefix=object_key(spec.prefix, "")
+    )
+    for page in pages:
+        for item in page.get("Contents") or []:
+            if item["Key"].endswith(suffix):
+                locations.append(item["Key"][: -len(suffix)])
+    return sorted(locations)

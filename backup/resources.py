@@ -100,6 +100,17 @@ class BackupSpec(ApiModel):
         description="Delete: deleting the Backup deletes its objects. Retain keeps them.",
     )
     deadline_seconds: int = Field(default=6 * 3600, ge=60, description="The Job's time limit.")
+    import_from: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=1024,
+        pattern=r"^[^/](.*[^/])?$",
+        description="A backup already in the storage, by its location (the key prefix of its manifest, "
+        "as `statefleet backups found` lists them): this Backup stands for it and takes nothing, e.g. "
+        "in a new namespace or cluster after a disaster. The manifest must be of spec.service.kind; "
+        "restoring it needs no other object. With deletionPolicy Delete, deleting this Backup deletes "
+        "those objects.",
+    )
 
 
 def backups_of(plugin: ServicePlugin) -> Backups:

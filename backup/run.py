@@ -36,7 +36,7 @@ from backup.driver import (
     capability,
     load_driver,
 )
-from backup.manifest import Manifest, ManifestObject, Piece, manifest_key
+from backup.manifest import Manifest, ManifestObject, Piece, manifest_key, read_manifest
 from backup.storage import (
     ChecksumMismatch,
     S3Spec,
@@ -138,6 +138,7 @@ def take_backup(request: dict[str, Any], client: Any, spec: S3Spec) -> dict[str,
         objects=sink.written,
         physical=taken.physical,
         details=taken.details,
+        instanceSpec=request.get("instanceSpec"),
     )
     key = manifest_key(request["location"])
     put_bytes(client, spec, key, manifest.to_json())  # last: from now on the backup exists
@@ -152,20 +153,6 @@ def take_backup(request: dict[str, Any], client: Any, spec: S3Spec) -> dict[str,
     if manifest.physical:
         result["physical"] = manifest.physical.model_dump(by_alias=True)
     return result
-
-
-def read_manifest(client: Any, spec: S3Spec, location: str) -> Manifest:
-    key = manifest_key(location)
-    try:
-        raw = b"".join(read_chunks(client, spec, key))
-    except (BotoCoreError, ClientError) as error:
-        found = explain(error, spec.bucket)
-        if found.reason == "ObjectNotFound":
-            raise StorageError(
-                "ManifestMissing", f"{key} does not exist: the backup never completed"
-            ) from error
-        raise found from error
-    return Manifest.model_validate_json(raw)
 
 
 def checked_chunks(client: Any, spec: S3Spec, entry: ManifestObject, progress: Progress) -> Iterator[bytes]:

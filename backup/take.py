@@ -9,9 +9,11 @@ import asyncio
 from dataclasses import replace
 from typing import Any
 
+from botocore.exceptions import BotoCoreError, ClientError
 from lightkube import AsyncClient
 
 from backup.job import DeleteJob, StartJob
+from backup.manifest import read_manifest
 from backup.resources import (
     COMPLETED,
     FAILED,
@@ -61,17 +63,35 @@ class BackupKind(JobKind):
         job = await observe_job(client, namespace, job_name(meta["name"], "backup"))
         # The storage is read when the Backup may start, clean up after a failure, or go.
         running = job.exists and job.state.phase == RUNNING
-        storage, storage_error = None, None
+        storage, storage_error, s3_api = None, None, None
         if view.deleting or not running:
             try:
-                storage, _ = await storage_client(client, namespace, spec.storage)
+                storage, s3_api = await storage_client(client, namespace, spec.storage)
             except StorageError as error:
                 storage_error = error
         plugin = self.plugins.get(spec.service.kind)
-        instance = None
-        if plugin is not None and not job.exists and status.phase != RUNNING and not view.deleting:
+        instance, imported, import_error = None, None, None
+        starting = not job.exists and status.phase != RUNNING and not view.deleting
+        if plugin is not None and starting and not spec.import_from:
             instance = await get_or_none(client, plugin.resource(), spec.service.name, namespace)
-        return replace(view, job=job, storage=storage, storage_error=storage_error, instance=instance)
+        if spec.import_from and starting and storage is not None:
+            try:
+                imported = await asyncio.to_thread(read_manifest, s3_api, storage, spec.import_from)
+            except StorageError as error:
+                import_error = error
+            except ValueError as error:
+                import_error = StorageError("ManifestInvalid", f"{spec.import_from}: not a manifest: {error}")
+            except (BotoCoreError, ClientError) as error:
+                import_error = explain(error, storage.bucket)
+        return replace(
+            view,
+            job=job,
+            storage=storage,
+            storage_error=storage_error,
+            instance=instance,
+            imported=imported,
+            import_error=import_error,
+        )
 
     async def reconcile(self, client: AsyncClient, body: dict[str, Any], spec: BackupSpec) -> Outcome:
         view = await self.observe(client, body, spec)

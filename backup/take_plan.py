@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from backup.job import DeleteJob, StartJob
-from backup.manifest import location, manifest_key
+from backup.manifest import Manifest, location, manifest_key
 from backup.resources import COMPLETED, FAILED, PENDING, RUNNING, BackupSpec, BackupStatus, ready_condition
 from backup.storage import S3Spec, StorageError
 from framework.kube.api import EventNote
@@ -46,6 +46,8 @@ class BackupView:
     storage: S3Spec | None = None  # read while it may start, clean up or delete
     storage_error: StorageError | None = None
     instance: dict[str, Any] | None = None  # read before it starts
+    imported: Manifest | None = None  # spec.importFrom's manifest, read until it completes
+    import_error: StorageError | None = None
 
 
 @dataclass(frozen=True)
@@ -88,6 +90,8 @@ def plan_backup(view: BackupView, plugins: Mapping[str, ServicePlugin], now: str
     if method not in backups.methods:
         message = f"spec.method: {plugin.kind} backups are {' or '.join(backups.methods)}, not {method}"
         return BackupStep(failed("UnsupportedMethod", message, now))
+    if spec.import_from:
+        return plan_import(view, plugin, now)
     name = job_name(view.name, "backup")
     job = view.job
     if not job.exists and status.phase == RUNNING:
@@ -123,6 +127,54 @@ def plan_backup(view: BackupView, plugins: Mapping[str, ServicePlugin], now: str
     return BackupStep(Outcome(True, "Completed", message, fields=fields, events=(note,)))
 
 
+def plan_import(view: BackupView, plugin: ServicePlugin, now: str) -> BackupStep:
+    """A backup already in the storage (`spec.importFrom`): Completed as its manifest says, once
+    the manifest was read; Failed when there is none there, or it is another service's."""
+    spec = view.spec
+    where = spec.import_from or ""
+    if view.storage is None:
+        error = view.storage_error or STORAGE_NOT_READ
+        waiting = frozenset({Ref("BackupStorage", spec.storage)})
+        return BackupStep(
+            Outcome(
+                False, error.reason, str(error), depends_on=waiting, retry_in=30, fields={"phase": PENDING}
+            )
+        )
+    if view.import_error is not None:
+        error = view.import_error
+        if error.reason not in ("ManifestMissing", "ManifestInvalid"):  # the storage refused: again
+            return BackupStep(
+                Outcome(False, error.reason, str(error), retry_in=30, fields={"phase": PENDING})
+            )
+        return BackupStep(failed("ImportNotFound", f"spec.importFrom: {error}", now))
+    manifest = view.imported
+    if manifest is None:
+        return BackupStep(Outcome(False, "Importing", f"the manifest of {where} is read", retry_in=5))
+    if manifest.kind != plugin.kind:
+        message = f"spec.service.kind: {where} is a backup of a {manifest.kind}, not of a {plugin.kind}"
+        return BackupStep(failed("KindMismatch", message, now))
+    fields: dict[str, Any] = {
+        "phase": COMPLETED,
+        "method": manifest.method,
+        "bytes": manifest.size,
+        "objects": len(manifest.objects),
+        "version": manifest.version,
+        "startedAt": manifest.started_at,
+        "completedAt": manifest.finished_at,
+        "durationSeconds": seconds_between(manifest.started_at, manifest.finished_at),
+        "location": f"s3://{view.storage.bucket}/{where}",
+        "manifest": manifest_key(where),
+    }
+    if manifest.physical:
+        fields["physical"] = manifest.physical.model_dump(by_alias=True)
+    if manifest.instance_spec is not None:
+        fields["instanceSpec"] = manifest.instance_spec
+    source = f"{manifest.kind} {manifest.namespace}/{manifest.instance}, Backup {manifest.backup}"
+    message = f"imported {where}: {manifest.size} bytes, a {manifest.method} backup of {source}"
+    note = EventNote("Normal", "Imported", message)
+    return BackupStep(Outcome(True, "Completed", message, fields=fields, events=(note,)))
+
+
 def start(view: BackupView, plugin: ServicePlugin, method: str, now: str) -> BackupStep:
     """Once its storage answers and its instance is ready: the Job, and where it writes."""
     spec = view.spec
@@ -155,6 +207,7 @@ def start(view: BackupView, plugin: ServicePlugin, method: str, now: str) -> Bac
         "method": method,
         "backup": {"namespace": view.namespace, "name": view.name, "uid": view.uid},
         "service": {"kind": plugin.kind, "name": spec.service.name},
+        "instanceSpec": view.instance.get("spec") or {},
     }
     name = job_name(view.name, "backup")
     fields = {

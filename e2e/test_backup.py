@@ -36,10 +36,12 @@ from e2e.kube import (
     get_or_none,
     pod_is_ready,
     ready_condition,
+    statefleet,
     wait_gone,
     wait_reason,
     wait_until,
 )
+from e2e.namespaces import DeletedNamespaces, namespace_prefix, new_namespace
 from e2e.node import kill_command
 from e2e.operator_process import OperatorProcess
 from e2e.s3 import s3_api, s3_settings
@@ -525,7 +527,11 @@ def verified(backup: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def test_a_plan_backs_up_on_schedule_verifies_and_prunes(
-    kube: Client, namespace: str, operator: OperatorProcess, bucket: str
+    kube: Client,
+    namespace: str,
+    operator: OperatorProcess,
+    bucket: str,
+    deleted_namespaces: DeletedNamespaces,
 ) -> None:
     demo_with_storage(kube, namespace, bucket, "15")
     seed(kube, namespace, "demo")
@@ -575,17 +581,45 @@ def test_a_plan_backs_up_on_schedule_verifies_and_prunes(
     assert plan_status["lastSuccessfulBackup"] in plan_backups(kube, namespace, "demo-nightly")
     assert plan_status["consecutiveFailures"] == 0
 
-    # Deleted any other way than by retention (`kubectl delete backups --all`, the namespace),
-    # a plan's backup leaves its objects in the storage: retention is the only automatic deletion.
+    # Retention is the only automatic deletion: the namespace deleted (its Backup objects with
+    # it), the plan's backups stay in the storage...
     kube.delete(BackupPlan, "demo-nightly", namespace=namespace)  # deletes none of its backups
     survivor = plan_status["lastSuccessfulBackup"]
     kept = kube.get(Backup, survivor, namespace=namespace).to_dict()
     assert kept["spec"]["deletionPolicy"] == "Retain"
-    kept_prefix = kept["status"]["manifest"].rsplit("/", 1)[0] + "/"
-    kube.delete(Backup, survivor, namespace=namespace)
-    wait_until("the Backup deleted", lambda: get_or_none(kube, Backup, survivor, namespace) is None, 60)
-    left = api.list_objects_v2(Bucket=bucket, Prefix=kept_prefix).get("Contents") or []
-    assert kept_prefix + "manifest.json" in [item["Key"] for item in left]
+    location = kept["status"]["manifest"].rsplit("/", 1)[0]
+    orders = sql(kube, namespace, "demo", CHECKSUM, database="shop")
+    deleted_namespaces.delete(namespace)
+    wait_until(
+        "the namespace's Backups deleted", lambda: not list(kube.list(Backup, namespace=namespace)), 120
+    )
+    left = [
+        item["Key"]
+        for item in api.list_objects_v2(Bucket=bucket, Prefix=f"{location}/").get("Contents") or []
+    ]
+    assert f"{location}/manifest.json" in left
+
+    # ...where a new namespace (a new cluster, after a disaster) finds them and restores one,
+    # from the bucket alone.
+    elsewhere = new_namespace(kube, namespace_prefix(), "after-disaster")
+    try:
+        storage(kube, elsewhere, "s3", bucket)
+        found = statefleet("backups", "found", "--storage", "s3", "--import", "-n", elsewhere)
+        assert found.returncode == 0, found.stderr
+        assert location in found.stdout
+        imported = location.rsplit("/", 1)[-1]
+        done = wait_phase(kube, Backup, elsewhere, imported, "Completed")
+        assert (done["method"], done["instanceSpec"]["storage"]) == (
+            "logical",
+            kept["status"]["instanceSpec"]["storage"],
+        )
+        check = {"query": "SELECT count(*) = 50000 FROM orders", "database": "shop"}
+        target = {"kind": "Postgres", "name": "demo"}
+        apply(kube, Restore, elsewhere, "back", {"backup": imported, "target": target, "check": check})
+        wait_phase(kube, Restore, elsewhere, "back", "Completed", timeout=360)
+        assert sql(kube, elsewhere, "demo", CHECKSUM, database="shop") == orders
+    finally:
+        deleted_namespaces.delete(elsewhere)
 
 
 def test_a_restore_test_fails_loudly_on_a_tampered_backup(

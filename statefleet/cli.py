@@ -3,6 +3,7 @@
 statefleet operator [--catalog FILE] [--namespace NS ...] [--install-crds]
 statefleet crds           # print the CRDs generated from the models
 statefleet catalog [--catalog FILE]   # the versions offered: each service's own, or yours
+statefleet backups found --storage NAME [--import] [-n NS]   # backups in a bucket, with or without objects
 statefleet rollout status|pause|resume|promote|abort|undo NAME [-n NS]
                           # also as `kubectl statefleet rollout ...` (the kubectl-statefleet script)
 """
@@ -26,6 +27,7 @@ import yaml
 from lightkube import AsyncClient, Client, codecs
 from lightkube.resources.apiextensions_v1 import CustomResourceDefinition
 
+from backup import commands as backup_commands
 from framework.instance_controller import InstanceController
 from framework.kube import kopf_fixes, metrics
 from framework.kube.meta import MANAGER
@@ -164,6 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     catalog.add_argument("--catalog", default=os.environ.get("STATEFLEET_CATALOG"), help="your own, over it")
     rollout_commands.add(commands)
+    backup_commands.add(commands)
     for plugin in load_plugins():
         if plugin.commands is not None:
             plugin.commands.add(commands)

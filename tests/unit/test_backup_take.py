@@ -9,7 +9,9 @@ from typing import Any
 
 import pytest
 
+from backup.commands.found import backup_name, imported_backup
 from backup.job import DeleteJob, StartJob
+from backup.manifest import ManifestObject
 from backup.resources import BackupSpec, BackupStatus
 from backup.storage import S3Spec, StorageError
 from backup.take import BackupKind
@@ -18,6 +20,7 @@ from framework.kube.crd import dropped_fields
 from framework.kube.jobs import JobState, JobView
 from services.mongodb import PLUGIN as MONGODB
 from services.postgres import PLUGIN as POSTGRES
+from tests.unit.manifests import physical_manifest
 
 pytestmark = pytest.mark.unit
 
@@ -177,3 +180,57 @@ def test_a_backup_its_plan_pruned_takes_its_objects_though_it_is_retained() -> N
     assert plan(completed, deletion=True).outcome.reason == "Retained"
     pruned = replace(completed, pruned=True)
     assert plan(pruned, deletion=True).actions == (DeleteObjects(MANIFEST),)
+
+
+def imported(location: str = "old/apps/postgres/demo/nightly-0a1b2c3d", **observed: Any) -> BackupView:
+    found = view(instance=None, **observed)
+    spec = found.spec.model_copy(update={"import_from": location})
+    return replace(found, spec=spec)
+
+
+def test_a_backup_already_in_the_storage_is_imported_as_its_manifest_says() -> None:
+    location = "old/apps/postgres/demo/nightly-0a1b2c3d"
+    assert plan(imported()).outcome.reason == "Importing"
+    manifest = physical_manifest(
+        ManifestObject(name="base.tar", key=f"{location}/base.tar", size=4096, sha256="ab" * 32),
+        physical={"timeline": 2, "startLsn": "0/3000028", "endLsn": "0/3000100"},
+    ).model_copy(update={"instance_spec": {"version": "16", "instances": 3}})
+    step = plan(imported(imported=manifest))
+    assert step.outcome.ready
+    assert step.actions == ()  # nothing is taken
+    fields = step.outcome.fields
+    assert fields["manifest"] == f"{location}/manifest.json"
+    assert fields["location"] == f"s3://backups/{location}"
+    assert (fields["method"], fields["bytes"], fields["physical"]["timeline"]) == ("physical", 4096, 2)
+    assert fields["instanceSpec"] == {"version": "16", "instances": 3}
+    assert [e.reason for e in step.outcome.events] == ["Imported"]
+
+
+def test_an_import_of_nothing_or_of_another_service_fails_naming_the_field() -> None:
+    missing = StorageError(
+        "ManifestMissing", "old/x/manifest.json does not exist: the backup never completed"
+    )
+    step = plan(imported(import_error=missing))
+    assert step.outcome.fields["phase"] == "Failed"
+    assert step.outcome.message.startswith("spec.importFrom: old/x/manifest.json does not exist")
+    refused = plan(
+        imported(import_error=StorageError("AccessDenied", "the S3 server refused the credentials"))
+    )
+    assert refused.outcome.fields == {"phase": "Pending"}
+    other = physical_manifest().model_copy(update={"kind": "MongoDB"})
+    mismatch = plan(imported(imported=other))
+    assert mismatch.outcome.reason == "KindMismatch"
+    assert mismatch.outcome.message.startswith("spec.service.kind:")
+
+
+def test_an_imported_backup_is_named_after_its_location() -> None:
+    assert backup_name("apps/apps/postgres/demo/nightly-0a1b2c3d") == "nightly-0a1b2c3d"
+    body = imported_backup("p/x-1", physical_manifest(), "s3", "elsewhere")
+    assert body["spec"] == {
+        "service": {"kind": "Postgres", "name": "demo"},
+        "storage": "s3",
+        "importFrom": "p/x-1",
+    }
+    assert BackupSpec.model_validate(body["spec"]).import_from == "p/x-1"
+    with pytest.raises(ValueError, match=r"import_from|importFrom"):
+        BackupSpec.model_validate({**body["spec"], "importFrom": "/absolute/"})
