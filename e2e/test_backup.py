@@ -473,10 +473,20 @@ def test_a_backup_whose_pod_is_killed_or_whose_instance_goes_down_fails_and_leav
     nothing_left()
 
     # The instance goes down while it is read: the dump fails and says so; the instance comes
-    # back with its data.
+    # back with its data. (pg_dump waits for a lock the test holds on the table, so it is still
+    # reading when the instance goes, however fast the machine reads.)
+    holder = connect_db(kube, namespace, "demo", "postgres")
+    holder.execute("BEGIN")
+    holder.execute("LOCK TABLE filler IN ACCESS EXCLUSIVE MODE")
     apply(kube, Backup, namespace, "down", {"service": service, "storage": "s3", "method": "logical"})
-    wait_until("the backup uploading", uploading("down"), timeout=120, interval=0.3)
+    waiting = (
+        "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'pg_dump' "
+        "AND wait_event_type = 'Lock'"
+    )
+    wait_until("pg_dump waiting for the table", lambda: sql(kube, namespace, "demo", waiting), 120, 0.5)
     kube.delete(Pod, "demo-0", namespace=namespace, grace_period=0)
+    with contextlib.suppress(psycopg.Error):
+        holder.close()
     failed = wait_phase(kube, Backup, namespace, "down", "Failed", timeout=240)
     assert failed["reason"] == "CommandFailed", failed
     assert "pg_dump" in failed["message"]

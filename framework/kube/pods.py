@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from framework.kube.times import parse_time
+
 
 def pod_ready(pod: dict[str, Any]) -> bool:
     return any(
@@ -20,6 +22,16 @@ def incarnation(pod: dict[str, Any]) -> str:
     """Which life of the pod's server: a new pod or a restarted container is another one."""
     restarts = sum(c.get("restartCount", 0) for c in (pod.get("status") or {}).get("containerStatuses") or [])
     return f"{pod['metadata'].get('uid')}/{restarts}"
+
+
+def running_since(pod: dict[str, Any]) -> float | None:
+    """When the pod's first container started running (seconds since the epoch), None when
+    none runs."""
+    for status in (pod.get("status") or {}).get("containerStatuses") or []:
+        started = parse_time(((status.get("state") or {}).get("running") or {}).get("startedAt"))
+        if started is not None:
+            return started.timestamp()
+    return None
 
 
 def has_run(pod: dict[str, Any]) -> bool:

@@ -11,13 +11,14 @@ import httpx2
 from lightkube import AsyncClient, codecs
 from lightkube.core.exceptions import ApiError
 from lightkube.resources.batch_v1 import Job
+from lightkube.resources.core_v1 import Pod
 from lightkube.types import CascadeType
 
 from framework.catalog import ResolvedVersion
 from framework.kube.api import EventNote
 from framework.kube.jobs import read_job
 from framework.kube.meta import content_hash, owner_reference
-from framework.kube.pods import pod_ip
+from framework.kube.pods import pod_ip, pod_ready, running_since
 from framework.plugin import (
     CHANGE_REFUSED,
     Backups,
@@ -33,7 +34,7 @@ from framework.plugin import (
     UnknownAction,
     decided,
 )
-from framework.servers import Answers, ask_servers, ready_of
+from framework.servers import Answers, ask_servers, ready_of, ready_pods
 from framework.volumes import claim_context, refuse_storage_change
 from services.rabbitmq import scale_down
 from services.rabbitmq.cluster import ClusterView, NodeAnswer, node_name, pod_of, read_cluster
@@ -46,6 +47,36 @@ ERLANG_COOKIE = GeneratedSecret("erlang-cookie", random=("cookie",), length=64)
 MANAGEMENT = Management(DEFAULT_USER.name("{name}"))
 # Seconds between two inspections: often while the cluster forms or misses a node.
 INSPECT_FORMING, INSPECT_FORMED = 3.0, 15.0
+# A node not up this long after its container started, while other nodes serve, is stuck in its
+# boot: RabbitMQ 3.10.8 on Erlang 25.1 and later can hang for good in `global:sync/0` (its own
+# workaround is inert there: upstream issue 6034, fixed in 3.10.10), seen when a rollout restarts
+# a node soon after another. A new start gets past it. 300 s is RabbitMQ's own patience in its
+# boot (10 waits of 30 s for its tables); a cold start, with no other node up, waits as long as
+# it takes.
+STUCK_BOOT = 300.0
+
+
+@dataclass(frozen=True)
+class RestartNode:
+    """Deletes the node's pod: its StatefulSet starts it again."""
+
+    pod: str
+    reason: str
+
+
+def stuck_in_boot(observed: Observed, view: ClusterView, now: float) -> list[str]:
+    """Pods whose node has not come up `STUCK_BOOT` seconds after it started while another
+    node is up: Ready, or running in the cluster (`now`: wall-clock seconds)."""
+    running = {pod_of(node) for node in view.running} | ready_pods(observed)
+    stuck = []
+    for pod in observed.pods:
+        name = pod["metadata"]["name"]
+        if pod_ready(pod) or pod["metadata"].get("deletionTimestamp") or name in running:
+            continue
+        since = running_since(pod)
+        if since is not None and now - since > STUCK_BOOT and running - {name}:
+            stuck.append(name)
+    return stuck
 
 
 @dataclass(frozen=True)
@@ -137,7 +168,7 @@ class RabbitMQPlugin(ServicePlugin):
     child_kinds = ("ConfigMap", "Service", "PodDisruptionBudget", "StatefulsetRollout")
     # A scale-down runs RabbitMQ's CLI in Jobs.
     rbac_rules = ({"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["get", "create", "delete"]},)
-    actions = (scale_down.DeleteJob, scale_down.RunCli)
+    actions = (scale_down.DeleteJob, scale_down.RunCli, RestartNode)
     status_model = RabbitMQStatus
     bindings = RabbitMQBindings()
     backups = RabbitMQBackups()
@@ -150,7 +181,7 @@ class RabbitMQPlugin(ServicePlugin):
     ) -> ServicePlan:
         view = cluster_view(spec, observed)
         step = scale_down_step(spec, observed, view, now) if scaling_down(spec.replicas, observed) else None
-        operations = self.operations(observed, view, step)
+        operations = self.operations(observed, view, step, stuck_in_boot(observed, view, now))
         refusal = (step.refusal if step else None) or refuse_storage_change(spec.storage, observed)
         if refusal:
             return ServicePlan(None, operations, refusal=Refusal(CHANGE_REFUSED, refusal))
@@ -178,7 +209,9 @@ class RabbitMQPlugin(ServicePlugin):
             **claim_context(spec.storage, observed),
         }
 
-    def operations(self, observed: Observed, view: ClusterView, step: scale_down.Step | None) -> Operations:
+    def operations(
+        self, observed: Observed, view: ClusterView, step: scale_down.Step | None, stuck: list[str]
+    ) -> Operations:
         status: dict[str, Any] = {
             # Once a node has answered, a node without data always joins the others.
             "initialized": observed.status.get("initialized") or view.answered > 0,
@@ -197,6 +230,10 @@ class RabbitMQPlugin(ServicePlugin):
             status["scaleDown"] = step.state
             actions.extend(step.actions)
             events.extend(EventNote(*event) for event in step.events)
+        for pod in stuck:
+            why = f"{pod} has not come up {STUCK_BOOT:.0f} s after it started while the cluster runs"
+            actions.append(RestartNode(pod, why))
+            events.append(EventNote("Warning", "NodeStuck", f"{why}: its pod is deleted to start it again"))
         if view.formed and not before.get("formed"):
             events.append(EventNote("Normal", "ClusterFormed", view.message))
         if view.split and "separate clusters" not in before.get("message", ""):
@@ -276,6 +313,12 @@ class RabbitMQPlugin(ServicePlugin):
                 await client.create(codecs.from_dict(job))
             except ApiError as error:
                 if error.status.code != 409:  # made by a pass whose status write was lost
+                    raise
+        elif isinstance(action, RestartNode):
+            try:
+                await client.delete(Pod, action.pod, namespace=observed.namespace)
+            except ApiError as error:
+                if error.status.code != 404:
                     raise
         else:
             raise UnknownAction(self, action)

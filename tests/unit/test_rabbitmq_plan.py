@@ -7,12 +7,13 @@ import yaml
 
 from framework.catalog import Catalog
 from framework.instance_plan import plan
+from framework.kube.times import parse_time
 from framework.plugin import Inspection, Observed
 from framework.rollout.spec import RolloutSpec
 from framework.servers import NO_ANSWERS, Answers
 from services.rabbitmq import PLUGIN
 from services.rabbitmq.cluster import NodeAnswer, node_name, parse_nodes, read_cluster
-from services.rabbitmq.plugin import NodeFacts
+from services.rabbitmq.plugin import NodeFacts, RestartNode
 from services.rabbitmq.scale_down import parse_queues
 
 pytestmark = pytest.mark.unit
@@ -326,3 +327,33 @@ def test_two_nodes_are_refused() -> None:
     assert "spec.replicas: Value error, two nodes cannot keep a majority" in ready["message"]
     spec = PLUGIN.crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
     assert spec["properties"]["replicas"]["x-kubernetes-validations"][0]["rule"] == "self != 2"
+
+
+def booting(ordinal: int, started: str) -> dict:
+    """A node's pod whose container runs since `started` and is not Ready."""
+    found = pod(ordinal, ready=False)
+    found["status"]["containerStatuses"] = [{"restartCount": 0, "state": {"running": {"startedAt": started}}}]
+    return found
+
+
+def test_a_node_stuck_in_its_boot_while_the_cluster_runs_is_started_again() -> None:
+    """RabbitMQ 3.10.8 on Erlang 25.1+ can hang for good in its boot (global:sync) when a rollout
+    restarts it soon after another node: seen on the test bed, not up 10 minutes later."""
+    started = "2026-12-03T20:11:31Z"
+    at = parse_time(started).timestamp()
+    two_running = {0: answer([0, 2]), 1: None, 2: answer([0, 2])}
+    pods = [pod(0), booting(1, started), pod(2)]
+    soon = plan(PLUGIN, with_answers(two_running, pods), CATALOG, "uid-1", now=at + 200)
+    assert not [a for a in soon.operations.actions if isinstance(a, RestartNode)]
+    late = plan(PLUGIN, with_answers(two_running, pods), CATALOG, "uid-1", now=at + 301)
+    (restart,) = [a for a in late.operations.actions if isinstance(a, RestartNode)]
+    assert restart.pod == "events-1"
+    assert "NodeStuck" in [e.reason for e in late.operations.events]
+    # Another node Ready is enough, whether or not its management API answers.
+    silent = plan(PLUGIN, with_answers({0: None, 1: None, 2: None}, pods), CATALOG, "uid-1", now=at + 301)
+    assert [a.pod for a in silent.operations.actions if isinstance(a, RestartNode)] == ["events-1"]
+    # A cold start (no node up yet) waits for its peers as long as it takes.
+    cold = {0: None, 1: None, 2: None}
+    all_booting = [booting(i, started) for i in range(3)]
+    waiting = plan(PLUGIN, with_answers(cold, all_booting), CATALOG, "uid-1", now=at + 900)
+    assert not [a for a in waiting.operations.actions if isinstance(a, RestartNode)]
