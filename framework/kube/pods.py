@@ -24,13 +24,21 @@ def incarnation(pod: dict[str, Any]) -> str:
     return f"{pod['metadata'].get('uid')}/{restarts}"
 
 
-def running_since(pod: dict[str, Any]) -> float | None:
-    """When the pod's first container started running (seconds since the epoch), None when
-    none runs."""
+def booting_since(pod: dict[str, Any]) -> float | None:
+    """When the pod's running container started (seconds since the epoch) if the pod has not
+    been Ready since: a server still in its boot. None when none runs, or it was Ready in this
+    life (a server that stops answering later is not booting)."""
+    ready = next(
+        (c for c in (pod.get("status") or {}).get("conditions") or [] if c.get("type") == "Ready"), {}
+    )
+    if ready.get("status") == "True":
+        return None
     for status in (pod.get("status") or {}).get("containerStatuses") or []:
         started = parse_time(((status.get("state") or {}).get("running") or {}).get("startedAt"))
-        if started is not None:
-            return started.timestamp()
+        if started is None:
+            continue
+        changed = parse_time(ready.get("lastTransitionTime"))
+        return started.timestamp() if changed is None or changed <= started else None
     return None
 
 

@@ -18,7 +18,7 @@ from framework.catalog import ResolvedVersion
 from framework.kube.api import EventNote
 from framework.kube.jobs import read_job
 from framework.kube.meta import content_hash, owner_reference
-from framework.kube.pods import pod_ip, pod_ready, running_since
+from framework.kube.pods import booting_since, pod_ip
 from framework.plugin import (
     CHANGE_REFUSED,
     Backups,
@@ -65,15 +65,16 @@ class RestartNode:
 
 
 def stuck_in_boot(observed: Observed, view: ClusterView, now: float) -> list[str]:
-    """Pods whose node has not come up `STUCK_BOOT` seconds after it started while another
-    node is up: Ready, or running in the cluster (`now`: wall-clock seconds)."""
+    """Pods whose node has not come up `STUCK_BOOT` seconds after it started (never Ready in
+    this life: a node stopped by hand later, `rabbitmqctl stop_app`, is not booting) while
+    another node is up: Ready, or running in the cluster (`now`: wall-clock seconds)."""
     running = {pod_of(node) for node in view.running} | ready_pods(observed)
     stuck = []
     for pod in observed.pods:
         name = pod["metadata"]["name"]
-        if pod_ready(pod) or pod["metadata"].get("deletionTimestamp") or name in running:
+        if pod["metadata"].get("deletionTimestamp") or name in running:
             continue
-        since = running_since(pod)
+        since = booting_since(pod)
         if since is not None and now - since > STUCK_BOOT and running - {name}:
             stuck.append(name)
     return stuck

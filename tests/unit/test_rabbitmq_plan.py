@@ -329,9 +329,10 @@ def test_two_nodes_are_refused() -> None:
     assert spec["properties"]["replicas"]["x-kubernetes-validations"][0]["rule"] == "self != 2"
 
 
-def booting(ordinal: int, started: str) -> dict:
-    """A node's pod whose container runs since `started` and is not Ready."""
+def booting(ordinal: int, started: str, not_ready_since: str = "2026-12-03T20:11:30Z") -> dict:
+    """A node's pod whose container runs since `started`, not Ready since `not_ready_since`."""
     found = pod(ordinal, ready=False)
+    found["status"]["conditions"][0]["lastTransitionTime"] = not_ready_since
     found["status"]["containerStatuses"] = [{"restartCount": 0, "state": {"running": {"startedAt": started}}}]
     return found
 
@@ -352,6 +353,11 @@ def test_a_node_stuck_in_its_boot_while_the_cluster_runs_is_started_again() -> N
     # Another node Ready is enough, whether or not its management API answers.
     silent = plan(PLUGIN, with_answers({0: None, 1: None, 2: None}, pods), CATALOG, "uid-1", now=at + 301)
     assert [a.pod for a in silent.operations.actions if isinstance(a, RestartNode)] == ["events-1"]
+    # A node that was up in this life and stopped later (`rabbitmqctl stop_app`, a probe that
+    # times out) is not booting: it is not restarted.
+    stopped = [pod(0), booting(1, started, not_ready_since="2026-12-03T20:13:00Z"), pod(2)]
+    later = plan(PLUGIN, with_answers(two_running, stopped), CATALOG, "uid-1", now=at + 3600)
+    assert not [a for a in later.operations.actions if isinstance(a, RestartNode)]
     # A cold start (no node up yet) waits for its peers as long as it takes.
     cold = {0: None, 1: None, 2: None}
     all_booting = [booting(i, started) for i in range(3)]
