@@ -266,6 +266,17 @@ class RestorePlanner:
     def location_prefix(self) -> str:
         return str(((self.view.backup or {}).get("status") or {})["manifest"]).rsplit("/", 1)[0]
 
+    def bootstrap_secret(self) -> WriteBootstrapSecret:
+        """What a new instance's pods read the backup with (kept once written)."""
+        return WriteBootstrapSecret(self.request("bootstrap", location=self.location_prefix()))
+
+    def target_not_ready(self, depends_on: frozenset[Ref]) -> Step:
+        message = f"{self.instance} is not ready yet"
+        pending = {"phase": PENDING}
+        return Step(
+            Outcome(False, "TargetNotReady", message, depends_on=depends_on, retry_in=15, fields=pending)
+        )
+
     def request(self, action: str, **more: Any) -> dict[str, Any]:
         """A Job's (or the bootstrap Secret's) request to the service's driver."""
         assert self.view.storage is not None
@@ -340,7 +351,7 @@ class RestorePlanner:
             if method in backups.bootstrap_methods:
                 return self.restore_in_place()
         else:
-            first = (WriteBootstrapSecret(self.request("bootstrap", location=self.location_prefix())),)
+            first = (self.bootstrap_secret(),)
         step = self.restore_by_job(method, replacing)
         return Step(step.outcome, first + step.actions, step.on_conflict)
 
@@ -381,7 +392,7 @@ class RestorePlanner:
             ),
             (
                 CreateTarget(body),
-                WriteBootstrapSecret(self.request("bootstrap", location=self.location_prefix())),
+                self.bootstrap_secret(),
             ),
         )
 
@@ -406,16 +417,7 @@ class RestorePlanner:
             if view.bootstrap_failure:
                 return self.failed(*view.bootstrap_failure)
             if not ready_condition(view.target):
-                return Step(
-                    Outcome(
-                        False,
-                        "TargetNotReady",
-                        f"{self.instance} is not ready yet",
-                        depends_on=frozenset({Ref("Backup", spec.backup)}) | self.waiting_on_target,
-                        retry_in=15,
-                        fields={"phase": PENDING},
-                    )
-                )
+                return self.target_not_ready(frozenset({Ref("Backup", spec.backup)}) | self.waiting_on_target)
             # A logical backup is restored into the running instance; a physical one (a bootstrap
             # method) already is its data: the Job checks that it is this backup's, and reads it.
             physical = method in backups.bootstrap_methods
@@ -551,16 +553,7 @@ class RestorePlanner:
                 except ValueError as error:
                     return self.failed("TargetRefused", f"spec.target.name: {self.instance} is at {error}")
                 if not ready_condition(target):
-                    return Step(
-                        Outcome(
-                            False,
-                            "TargetNotReady",
-                            f"{self.instance} is not ready yet",
-                            depends_on=waiting,
-                            retry_in=15,
-                            fields={"phase": PENDING},
-                        )
-                    )
+                    return self.target_not_ready(waiting)
                 verifying = self.verify_before_stop()
                 if verifying is not None:
                     return verifying
