@@ -38,5 +38,6 @@ def test_every_image_the_services_offer_has_a_recipe() -> None:
         "postgres-15",
         "postgres-17",
         "rabbitmq-3",
+        "rabbitmq-4",
         "ferretdb-1",
     }
