@@ -20,7 +20,7 @@ from lightkube.types import CascadeType
 from pydantic import ConfigDict, Field
 
 from backup.job import DeleteJob, StartJob, build_job
-from backup.storage import CREDENTIAL_KEYS, S3Spec, StorageError, explain, s3_client
+from backup.storage import CREDENTIAL_KEYS, BackupStorageSpec, S3Spec, StorageError, explain, s3_client
 from framework.binding import ServiceRef
 from framework.kube import conditions
 from framework.kube.api import get_or_none
@@ -81,10 +81,6 @@ class BackupStatus(StatusModel):
     instance_spec: dict[str, Any] | None = free_form(
         "the instance's spec when taken: a Restore's new instance starts from it"
     )
-
-
-class BackupStorageSpec(ApiModel):
-    s3: S3Spec
 
 
 class BackupSpec(ApiModel):

@@ -59,6 +59,12 @@ class S3Spec(ApiModel):
     )
 
 
+class BackupStorageSpec(ApiModel):
+    """The spec of a `BackupStorage` (`backup.resources.BackupStorageKind`)."""
+
+    s3: S3Spec
+
+
 CREDENTIAL_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
 
 
@@ -213,13 +219,16 @@ class Upload:
                 self.client.delete_objects(Bucket=self.spec.bucket, Delete={"Objects": batch})
 
 
-def put_bytes(client: Any, spec: S3Spec, key: str, data: bytes) -> StoredObject:
+def put_bytes(
+    client: Any, spec: S3Spec, key: str, data: bytes, metadata: dict[str, str] | None = None
+) -> StoredObject:
     """One object; its sha256, computed once, is the manifest's and the one the server checks
     the body against (the header is signed: a body changed on the way is refused, BadDigest)."""
     digest = hashlib.sha256(data).digest()
     checksum = base64.b64encode(digest).decode()
+    extra = {"Metadata": metadata} if metadata else {}
     client.put_object(
-        Bucket=spec.bucket, Key=key, Body=data, ChecksumSHA256=checksum, **encryption_args(spec)
+        Bucket=spec.bucket, Key=key, Body=data, ChecksumSHA256=checksum, **extra, **encryption_args(spec)
     )
     return StoredObject(key, len(data), digest.hex())
 

@@ -6,7 +6,6 @@ overlap the work of another and no two operators ever act on one object."""
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
 
 import pytest
@@ -15,7 +14,7 @@ from lightkube import Client
 from e2e import cert_manager
 from e2e.namespaces import DeletedNamespaces, namespace_prefix, new_namespace, worker_index, worker_name
 from e2e.operator_process import OperatorProcess
-from e2e.s3 import s3_api, s3_settings
+from e2e.s3 import new_bucket
 
 
 @pytest.fixture
@@ -51,11 +50,5 @@ def operator(kube: Client, deleted_namespaces: DeletedNamespaces) -> Iterator[Op
 @pytest.fixture
 def bucket() -> Iterator[str]:
     """A bucket of its own per test, emptied and removed afterwards."""
-    name = f"t-{uuid.uuid4().hex[:12]}"
-    api = s3_api(s3_settings())
-    api.create_bucket(Bucket=name)
-    yield name
-    for page in api.get_paginator("list_objects_v2").paginate(Bucket=name):
-        for item in page.get("Contents", []):
-            api.delete_object(Bucket=name, Key=item["Key"])
-    api.delete_bucket(Bucket=name)
+    with new_bucket() as name:
+        yield name

@@ -63,6 +63,7 @@ def storage(
     bucket: str,
     secret_key: str | None = None,
     endpoint: str | None = None,
+    access_key: str | None = None,
 ) -> None:
     """The issue's BackupStorage, with the test bed's endpoint and keys in a Secret."""
     settings = s3_settings()
@@ -71,7 +72,7 @@ def storage(
         Secret(
             metadata=ObjectMeta(name=secret_name),
             stringData={
-                "AWS_ACCESS_KEY_ID": settings["AWS_ACCESS_KEY_ID"],
+                "AWS_ACCESS_KEY_ID": access_key or settings["AWS_ACCESS_KEY_ID"],
                 "AWS_SECRET_ACCESS_KEY": secret_key or settings["AWS_SECRET_ACCESS_KEY"],
             },
         ),

@@ -3,23 +3,30 @@ out a parameter change without losing an acknowledged commit: proven on the test
 PostgreSQL servers, whose processes the tests kill and freeze on the real node.
 
 The steps share one instance (created once, about a minute): each starts from it whole, with
-its 100 rows, and leaves it whole; the last one scales it down."""
+its 100 rows, and leaves it whole; the switchover step scales it down. The instance archives
+its WAL all along (`spec.walArchive`): the last step checks the archive has every segment
+across the failovers, the switchover and a time with revoked keys."""
 
 from __future__ import annotations
 
+import json
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+import zstandard
 from lightkube import Client
 from lightkube.resources.apps_v1 import StatefulSet
-from lightkube.resources.core_v1 import Pod
+from lightkube.resources.core_v1 import Pod, Secret
 
 from e2e import node
 from e2e.kube import statefleet, wait_until
 from e2e.namespaces import DeletedNamespaces, namespace_prefix, new_namespace
 from e2e.operator_process import OperatorProcess
+from e2e.s3 import create_keys, keys_under, new_bucket, revoke_keys, s3_api, s3_settings
+from e2e.test_backup import storage
 from e2e.test_postgres import Postgres, connect, create, execute, patch_spec, query, wait_ready
 from e2e.test_postgres_ha import (
     SPEC,
@@ -34,6 +41,15 @@ from e2e.test_postgres_ha import (
     wait_whole,
 )
 from e2e.writer import Writer
+from framework.kube import conditions
+from services.postgres.wal_archive import (
+    ARCHIVER_PORT,
+    CONDITION,
+    HISTORY,
+    archive_prefix,
+    missing_segments,
+    segment_number,
+)
 
 # One worker runs the steps, in this order, on the one instance.
 pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("postgres-failover")]
@@ -48,9 +64,34 @@ def namespace(kube: Client, deleted_namespaces: DeletedNamespaces) -> Iterator[s
 
 
 @pytest.fixture(scope="module")
-def instance(kube: Client, namespace: str, operator: OperatorProcess) -> str:
-    """The 3-instance Postgres `demo` with a table of 100 rows."""
-    create(kube, namespace, "demo", SPEC)
+def archive_bucket() -> Iterator[str]:
+    with new_bucket() as name:
+        yield name
+
+
+@pytest.fixture(scope="module")
+def archive_keys() -> Iterator[list[tuple[str, str]]]:
+    """The storage's keys, a user of the S3 server's own (the last test revokes them and
+    makes new ones: each added here is revoked at the end)."""
+    made = [create_keys()]
+    yield made
+    for access, _ in made:
+        revoke_keys(access)
+
+
+@pytest.fixture(scope="module")
+def instance(
+    kube: Client,
+    namespace: str,
+    operator: OperatorProcess,
+    archive_bucket: str,
+    archive_keys: list[tuple[str, str]],
+) -> str:
+    """The 3-instance Postgres `demo` with a table of 100 rows, archiving its WAL to the
+    BackupStorage `s3`."""
+    access, secret = archive_keys[0]
+    storage(kube, namespace, "s3", archive_bucket, access_key=access, secret_key=secret)
+    create(kube, namespace, "demo", {**SPEC, "walArchive": {"storage": "s3"}})
     wait_ready(kube, namespace, "demo", 3, timeout=240)
     execute(kube, namespace, "demo-rw", "create table orders(id int primary key)")
     insert(kube, namespace, range(1, 101))
@@ -240,3 +281,136 @@ def test_switchover_on_request_and_scaling_down_never_removes_the_primary(
     )
     assert rows(kube, namespace) == 100
     insert(kube, namespace, range(101, 102))
+
+
+def archived(bucket: str, namespace: str) -> dict[str, str]:
+    """The WAL files in the archive: name -> key."""
+    prefix = archive_prefix("apps", namespace, "demo")
+    keys = keys_under(bucket, prefix + "/")
+    return {key.rsplit("/", 1)[1].removesuffix(".zst"): key for key in keys if key.endswith(".zst")}
+
+
+def gaps_through(kube: Client, namespace: str, bucket: str) -> Callable[[], list[str]]:
+    """Closes the primary's current WAL segment; returns a check of what a recovery through it
+    would miss in the archive (history files read from the archive itself)."""
+    execute(kube, namespace, "demo-rw", "insert into orders values (-1); delete from orders where id = -1")
+    last = query(kube, namespace, "demo-rw", "select pg_walfile_name(pg_current_wal_lsn())")
+    execute(kube, namespace, "demo-rw", "select pg_switch_wal()")
+    timeline = int(last[:8], 16)
+
+    def missing() -> list[str]:
+        files = archived(bucket, namespace)
+        history = ""
+        if timeline > 1:
+            key = files.get(f"{timeline:08X}.history")
+            if key is None:
+                return [f"{timeline:08X}.history"]
+            body = s3_api(s3_settings()).get_object(Bucket=bucket, Key=key)["Body"].read()
+            history = zstandard.ZstdDecompressor().decompress(body).decode()
+        return missing_segments(set(files), timeline, history, segment_number(last))
+
+    return missing
+
+
+def archiver_reports(kube: Client, namespace: str) -> dict[str, dict[str, Any]]:
+    """Each server's archiver's own report (`GET /status`)."""
+    reports = {}
+    for pod in kube.list(Pod, namespace=namespace):
+        if pod.metadata.name.startswith("demo-") and pod.status.podIP:
+            url = f"http://{pod.status.podIP}:{ARCHIVER_PORT}/status"
+            with urllib.request.urlopen(url, timeout=5) as answer:
+                reports[pod.metadata.name] = json.load(answer)
+    return reports
+
+
+def archiving(kube: Client, namespace: str) -> dict[str, Any]:
+    return conditions.find(status_of(kube, namespace).get("conditions"), CONDITION) or {}
+
+
+def test_the_archive_has_every_wal_file_across_failovers_and_catches_up_after_revoked_keys(
+    kube: Client, namespace: str, instance: str, archive_bucket: str, archive_keys: list[tuple[str, str]]
+) -> None:
+    """After the steps above (a deleted pod, a killed server, a frozen container, a rollout, two
+    switchovers): every segment from the first to the newest, on each timeline's part of the
+    history, plus every timeline's history file and the `.partial` segments of the old ones."""
+    missing = gaps_through(kube, namespace, archive_bucket)
+    wait_until("the archive holds every segment through the newest", lambda: missing() == [], timeout=90)
+    files = archived(archive_bucket, namespace)
+    timeline = max(int(name[:8], 16) for name in files if HISTORY.match(name))
+    assert timeline >= 4, f"the steps above changed the timeline only to {timeline}"
+    assert {f"{t:08X}.history" for t in range(2, timeline + 1)} <= set(files)
+    assert any(name.endswith(".partial") for name in files)
+    assert archiving(kube, namespace)["status"] == "True"
+    status = status_of(kube, namespace)["walArchive"]
+    assert status["lastArchivedWal"]
+    assert not status["failing"]
+
+    # The storage's keys revoked (by the S3 server, as a storage admin would): archiving fails,
+    # says why, and the WAL waits on the volume.
+    since = this_second()
+    execute(kube, namespace, "demo-rw", "create table filler(value text)")
+    revoke_keys(archive_keys[0][0])
+    revoked = time.monotonic()
+
+    switched = [0.0]
+
+    def failing() -> dict[str, Any] | None:
+        if time.monotonic() - switched[0] > 10:  # a new segment now and then, not a full volume
+            execute(kube, namespace, "demo-rw", "insert into filler values (repeat('x', 1000))")
+            execute(kube, namespace, "demo-rw", "select pg_switch_wal()")
+            switched[0] = time.monotonic()
+        condition = archiving(kube, namespace)
+        return condition if condition.get("status") == "False" else None
+
+    condition = wait_until("ContinuousArchiving False", failing, timeout=60, interval=1)
+    noticed = time.monotonic() - revoked
+    assert condition["reason"] == "ArchiveFailing"
+    assert "refused the credentials" in condition["message"], condition["message"]
+    assert events(kube, namespace, "ArchiveFailing", since), "no Event says archiving fails"
+    piled = wait_until(
+        "WAL waiting on the volume",
+        lambda: failing() and (s := status_of(kube, namespace)["walArchive"])["pending"] >= 2 and s,
+        timeout=60,
+        interval=2,
+    )
+    assert piled["failing"]
+    assert piled["pendingBytes"] >= 2 * 16 * 2**20
+
+    # New keys in the Secret: the archiver takes them when the kubelet updates its volume, and
+    # catches up by itself, with no gap.
+    archive_keys.append(create_keys())
+    access, secret = archive_keys[-1]
+    kube.patch(
+        Secret,
+        "s3-creds",
+        {"stringData": {"AWS_ACCESS_KEY_ID": access, "AWS_SECRET_ACCESS_KEY": secret}},
+        namespace=namespace,
+    )
+    fixed = time.monotonic()
+    missing = gaps_through(kube, namespace, archive_bucket)
+    wait_until("the archive caught up with no gap", lambda: missing() == [], timeout=180, interval=2)
+    caught_up = time.monotonic() - fixed
+    wait_until(
+        "ContinuousArchiving True again", lambda: archiving(kube, namespace)["status"] == "True", timeout=60
+    )
+    assert events(kube, namespace, "Archiving", since), "no Event says archiving works again"
+    # Every server's archiver, the standbys' too, is past the failure: none conflicts with the
+    # archive or is stuck on a file.
+    reports: dict[str, dict[str, Any]] = {}
+
+    def every_archiver_clear() -> bool:
+        reports.clear()
+        reports.update(archiver_reports(kube, namespace))
+        servers = status_of(kube, namespace)["readyInstances"]  # 2 since the scale-down above
+        return len(reports) == servers and not any(r.get("failing") for r in reports.values())
+
+    try:
+        wait_until("every archiver clear", every_archiver_clear, timeout=60)
+    except TimeoutError as error:
+        pytest.fail(f"{error}: {json.dumps(reports, indent=1)}")
+    print(
+        f"archive: timelines 1-{timeline}, {len(files)} files; revoked keys noticed in {noticed:.0f} s, "
+        f"caught up {caught_up:.0f} s after new keys went into the Secret (the kubelet's update of the "
+        "volume included); "
+        + ", ".join(f"{pod} archived {r['archived']}" for pod, r in sorted(reports.items()))
+    )

@@ -131,6 +131,10 @@ class InstanceController:
             if server != {} and choose_tls_provider(tls_status, server, cert_manager) == CERT_MANAGER:
                 certificate = await get_or_none(self.client, Certificate, f"{name}-{TLS_SERVER}", namespace)
                 ca_certificate = await get_or_none(self.client, Certificate, f"{name}-{TLS_CA}", namespace)
+        references = {
+            key: await get_or_none(self.client, reference.resource, reference.name, namespace)
+            for key, reference in plugin.references(dict(body.get("spec") or {})).items()
+        }
         return Observed(
             name=name,
             namespace=namespace,
@@ -146,6 +150,7 @@ class InstanceController:
             cert_manager=cert_manager,
             certificate=certificate,
             ca_certificate=ca_certificate,
+            references=references,
         )
 
     # --- act --------------------------------------------------------------------------------

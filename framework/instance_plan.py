@@ -320,6 +320,7 @@ def _status(observed: Observed, version: ResolvedVersion, reading: ServiceStatus
             "InstancesNotReady" if reading.degraded else "AsExpected",
             reading.message if reading.degraded else "",
         ),
+        *reading.conditions,
     ]
     status = {
         **without_kopf(observed.status),
@@ -330,9 +331,12 @@ def _status(observed: Observed, version: ResolvedVersion, reading: ServiceStatus
         "image": version.image,
         **reading.fields,
     }
-    status["conditions"] = conditions.merge_conditions(
-        observed.status.get("conditions"), updates, observed.generation
-    )
+    kept = [
+        c
+        for c in observed.status.get("conditions") or []
+        if c.get("type") not in reading.withdrawn_conditions
+    ]
+    status["conditions"] = conditions.merge_conditions(kept, updates, observed.generation)
     return status
 
 
@@ -346,6 +350,14 @@ def _transition_events(
         events.append(EventNote("Normal", "Ready", reading.message))
     if not reading.ready and was_ready:
         events.append(EventNote("Warning", "NotReady", reading.message))
+    for condition in reading.conditions:
+        before = conditions.find(observed.status.get("conditions"), condition.type)
+        if before is None and condition.status:
+            continue  # a new condition that is as it should be: nothing happened
+        if before is None or before.get("status") != condition.as_status():
+            events.append(
+                EventNote("Normal" if condition.status else "Warning", condition.reason, condition.message)
+            )
     if version.deprecated and observed.status.get("version") != version.version:
         events.append(
             EventNote(

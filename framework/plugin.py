@@ -27,6 +27,7 @@ from pydantic import BaseModel, Field
 from framework.catalog import ResolvedVersion, ServiceCatalog
 from framework.kube import conditions, crd
 from framework.kube.api import EventNote
+from framework.kube.conditions import Condition
 from framework.kube.meta import (
     GROUP,
     LABEL_INSTANCE,
@@ -111,6 +112,16 @@ class Observed:
     cert_manager: bool = False  # cert-manager's API is served in the cluster
     certificate: dict[str, Any] | None = None  # the server Certificate, when cert-manager makes it
     ca_certificate: dict[str, Any] | None = None  # and the CA's
+    # The objects the spec names (`ServicePlugin.references`), by key; None: it does not exist.
+    references: dict[str, dict[str, Any] | None] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Reference:
+    """An object in the instance's namespace that its spec names (a storage, say)."""
+
+    resource: Any  # the lightkube resource class
+    name: str
 
 
 @dataclass(frozen=True)
@@ -123,6 +134,10 @@ class ServiceStatus:
     message: str
     degraded: bool = False  # running, but with fewer healthy instances than asked for
     fields: dict[str, Any] = field(default_factory=dict)  # extra status fields (primary, endpoints)
+    # The plugin's own conditions (beside Ready, Progressing, Degraded): each change of status
+    # is also an Event, Normal when it turns True, Warning when it turns False.
+    conditions: tuple[Condition, ...] = ()
+    withdrawn_conditions: tuple[str, ...] = ()  # the plugin's conditions that no longer apply
 
 
 class TlsStatus(StatusModel):
@@ -291,6 +306,10 @@ class ServicePlugin(ABC):
     tls: Tls | None = None
     bindings: Bindings | None = None
     backups: Backups | None = None
+
+    def references(self, spec: dict[str, Any]) -> dict[str, Reference]:
+        """The objects the spec names that planning needs (`Observed.references`), by key."""
+        return {}
 
     def in_service_kinds(self) -> list[Any]:
         """The plugin's kinds of objects inside an instance (`framework.object_controller.ObjectKind`):

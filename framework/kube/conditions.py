@@ -19,12 +19,12 @@ DEGRADED = "Degraded"
 @dataclass(frozen=True)
 class Condition:
     type: str
-    status: bool
+    status: bool | None  # None: Unknown (not known yet, or cannot be told)
     reason: str
     message: str = ""
 
     def as_status(self) -> str:
-        return "True" if self.status else "False"
+        return "Unknown" if self.status is None else "True" if self.status else "False"
 
 
 def merge_conditions(

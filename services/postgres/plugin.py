@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 from urllib.parse import quote
 
+import httpx2
 from lightkube import AsyncClient
 from lightkube.core.exceptions import ApiError
 from lightkube.resources.core_v1 import Pod
 
 from backup import in_place
+from backup.resources import BackupStorageKind
 from framework.catalog import ResolvedVersion
 from framework.certificates import service_hosts
 from framework.kube.api import EventNote
@@ -26,6 +28,7 @@ from framework.plugin import (
     Inspection,
     Observed,
     Operations,
+    Reference,
     Refusal,
     ServicePlan,
     ServicePlugin,
@@ -52,8 +55,16 @@ from services.postgres.primary import (
 )
 from services.postgres.spec import PostgresSpec, PostgresStatus
 from services.postgres.users import PostgresUserKind
+from services.postgres.wal_archive import (
+    ARCHIVER_PORT,
+    CONDITION,
+    ArchiverReport,
+    archiver_context,
+    archiving_condition,
+)
 
 ROLE_LABEL = "statefleet.dev/role"
+WAL_STORAGE = "walStorage"  # Observed.references: the BackupStorage of spec.walArchive
 SUPERUSER = GeneratedSecret("superuser", fixed={"username": "postgres"}, random=("password",))
 REPLICATION = GeneratedSecret("replication", fixed={"username": "streaming_replica"}, random=("password",))
 
@@ -107,6 +118,7 @@ class ServerFacts:
     silent_since: dict[str, float]  # servers not answering, since (monotonic)
     primary: str | None  # the primary when asked: timers start again when it changes
     confirmed: frozenset[str]  # pods that answered as a primary in their current life
+    archivers: dict[str, ArchiverReport | None] = field(default_factory=dict)  # with spec.walArchive
 
 
 SERVERS = Servers(SUPERUSER.name("{name}"))
@@ -156,7 +168,8 @@ class PostgresBackups(Backups):
     bootstrap_methods = ("physical",)
     replaces_online = ("logical",)
     restores_in_place = True
-    throwaway_spec: ClassVar[dict[str, Any]] = {"instances": 1}
+    # A restore test's instance: one server, archiving nothing.
+    throwaway_spec: ClassVar[dict[str, Any]] = {"instances": 1, "walArchive": None}
 
     def restored_spec(self, recorded: dict[str, Any], version: str, method: str) -> dict[str, Any]:
         if method != "physical":
@@ -204,6 +217,10 @@ class PostgresPlugin(ServicePlugin):
     def in_service_kinds(self) -> list[Any]:
         return [USERS]
 
+    def references(self, spec: dict[str, Any]) -> dict[str, Reference]:
+        storage = (spec.get("walArchive") or {}).get("storage")
+        return {WAL_STORAGE: Reference(BackupStorageKind.resource(), storage)} if storage else {}
+
     def plan(
         self, spec: PostgresSpec, version: ResolvedVersion, observed: Observed, now: float
     ) -> ServicePlan:
@@ -236,6 +253,7 @@ class PostgresPlugin(ServicePlugin):
             "pg_hba": spec.pg_hba,
             "version": version.version,
             "synchronous": spec.synchronous.number if spec.synchronous else 0,
+            "walArchive": spec.wal_archive.archive_timeout_seconds if spec.wal_archive else None,
         }
         # Never fewer pods than the primary's ordinal needs: scaling down takes the highest
         # ordinals, so a primary among them is switched over first (see primary.py).
@@ -254,6 +272,9 @@ class PostgresPlugin(ServicePlugin):
             "superuser_secret": SUPERUSER.name(observed.name),
             "replication_secret": REPLICATION.name(observed.name),
             "replication_user": REPLICATION.fixed["username"],
+            "wal_archive": archiver_context(
+                spec.wal_archive, observed.references.get(WAL_STORAGE), observed.namespace, observed.name
+            ),
             # Pods restart when their configuration changes: it is part of the template.
             "config_hash": content_hash(configuration),
             **claim_context(spec.storage, observed),
@@ -367,10 +388,21 @@ class PostgresPlugin(ServicePlugin):
         )
         changing = bool(observed.status.get("targetPrimary"))
         endpoints = await rw_endpoints(client, observed.namespace, observed.name) if changing else None
+        archivers = {}
+        if observed.spec.get("walArchive"):
+            async with httpx2.AsyncClient(timeout=2.0) as http:
+                reports = await ask_servers(observed, lambda _, ip: archiver_report(http, ip))
+            archivers = reports.current(observed)
         return Inspection(
             at=at,
             facts=ServerFacts(
-                answers, endpoints, not_streaming, silent, observed.status.get("currentPrimary"), confirmed
+                answers,
+                endpoints,
+                not_streaming,
+                silent,
+                observed.status.get("currentPrimary"),
+                confirmed,
+                archivers,
             ),
             answered=answers.answered,
         )
@@ -419,6 +451,12 @@ class PostgresPlugin(ServicePlugin):
         if in_place.under_way(restoring):
             message = f"restoring in place ({restoring['phase']}): {restoring.get('message', '')}; {message}"
         host = f"{observed.name}-rw.{observed.namespace}.svc"
+        archiving: tuple[Any, ...] = ()
+        report = None
+        if spec.wal_archive:
+            facts = observed.inspection.facts if observed.inspection else None
+            report = facts.archivers.get(primary) if facts else None
+            archiving = (archiving_condition(primary, report, primary_ready),)
         return ServiceStatus(
             ready_instances=ready,
             instances=spec.instances,
@@ -432,7 +470,13 @@ class PostgresPlugin(ServicePlugin):
                     "ro": f"{observed.name}-ro.{observed.namespace}.svc:5432",
                 },
                 "superuserSecret": SUPERUSER.name(observed.name),
+                # Kept while the primary's archiver does not answer: its last word stays visible.
+                "walArchive": (report.to_api() if report else observed.status.get("walArchive"))
+                if spec.wal_archive
+                else None,
             },
+            conditions=archiving,
+            withdrawn_conditions=() if spec.wal_archive else (CONDITION,),
         )
 
     def printer_columns(self) -> list[dict[str, Any]]:
@@ -442,3 +486,13 @@ class PostgresPlugin(ServicePlugin):
 
 
 USERS = PostgresUserKind(SERVERS, PostgresPlugin.resource())
+
+
+async def archiver_report(http: httpx2.AsyncClient, ip: str) -> ArchiverReport | None:
+    """What a server's WAL archiver says of itself; None when it does not answer."""
+    try:
+        response = await http.get(f"http://{ip}:{ARCHIVER_PORT}/status")
+        response.raise_for_status()
+        return ArchiverReport.model_validate(response.json())
+    except (httpx2.HTTPError, ValueError):
+        return None

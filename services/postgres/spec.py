@@ -7,6 +7,7 @@ from pydantic import ConfigDict, Field, field_validator, model_validator
 from backup.in_place import InPlaceRecord
 from framework.kube.model import ApiModel, StatusModel
 from framework.spec import BootstrapSpec, DeletionPolicy, PodTemplateOverrides, ResourcesSpec, StorageSpec
+from services.postgres.wal_archive import ArchiverReport, WalArchiveSpec
 
 # Set by the operator: a user's value would break replication, probes or the Services.
 MANAGED_PARAMETERS = frozenset(
@@ -24,6 +25,12 @@ MANAGED_PARAMETERS = frozenset(
         "wal_log_hints",
         "recovery_target_timeline",
         "unix_socket_directories",
+        # continuous archiving (spec.walArchive)
+        "archive_mode",
+        "archive_command",
+        "archive_library",
+        "archive_timeout",
+        "restore_command",
     }
 )
 
@@ -89,6 +96,11 @@ class PostgresSpec(ApiModel):
         default=None, description="Make another instance the primary, once per request."
     )
     bootstrap: BootstrapSpec | None = Field(default=None, description="How a new instance gets its data.")
+    wal_archive: WalArchiveSpec | None = Field(
+        default=None,
+        description="Continuous WAL archiving to a BackupStorage (compressed, with sha256s), from every "
+        "server: none when absent.",
+    )
     pod_template: PodTemplateOverrides = Field(default_factory=PodTemplateOverrides)
     deletion_policy: DeletionPolicy = Field(
         default=DeletionPolicy.RETAIN, description="What happens to the volumes when the Postgres is deleted."
@@ -161,3 +173,6 @@ class PostgresStatus(StatusModel):
         default=None, description="servers reloaded for a new certificate"
     )
     endpoints: PostgresEndpoints | None = None
+    wal_archive: ArchiverReport | None = Field(
+        default=None, description="continuous archiving, as the primary's WAL archiver last reported it"
+    )
