@@ -352,9 +352,12 @@ def _transition_events(
         events.append(EventNote("Warning", "NotReady", reading.message))
     for condition in reading.conditions:
         before = conditions.find(observed.status.get("conditions"), condition.type)
-        if before is None and condition.status:
-            continue  # a new condition that is as it should be: nothing happened
-        if before is None or before.get("status") != condition.as_status():
+        was = before.get("status") if before else None
+        if condition.status is None:
+            continue  # not known now (e.g. a server not answering): nothing to tell yet
+        if condition.status and was in (None, "Unknown"):
+            continue  # new, or back from not known, as it should be: nothing happened
+        if was != condition.as_status():
             events.append(
                 EventNote("Normal" if condition.status else "Warning", condition.reason, condition.message)
             )

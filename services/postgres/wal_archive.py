@@ -159,6 +159,9 @@ def archiver_context(
     if spec is None:
         return None
     context: dict[str, Any] = {
+        # Each upload holds a file, its compressed copy and the client's buffers: 189-238 MiB
+        # measured at 4 uploads at once (docs/benchmarks.md).
+        "memory_limit_mib": 160 + 64 * spec.parallel,
         "timeout": spec.archive_timeout_seconds,
         "port": ARCHIVER_PORT,
         "wait": COMMAND_WAIT,

@@ -38,6 +38,7 @@ from framework.kube.times import now_text
 from services.postgres.wal_archive import (
     ARCHIVED_DIR,
     ARCHIVER_PORT,
+    HISTORY,
     SPOOL,
     ArchiverReport,
     due,
@@ -53,6 +54,12 @@ RETRY_MAX = 30.0  # seconds: failures are retried sooner at first, then every RE
 # anew).
 STORED_QUIET = 10.0
 COMPRESSION_LEVEL = 3
+MEASURE_EVERY = 1.0  # seconds between counts of what waits (thousands of files after an outage)
+
+
+class WalFileGone(Exception):
+    """The server removed the file (an orphan .ready, as pg_rewind leaves them)."""
+
 
 log = logging.getLogger("statefleet.wal_archiver")
 
@@ -114,12 +121,17 @@ class Archiver:
         self.system_checked = False
         self.busy: dict[str, asyncio.Task[None]] = {}
         self.stored: dict[str, float] = {}  # file -> when it was stored (while still .ready)
+        self.failed: dict[str, str] = {}  # ready files whose last attempt failed -> why
+        self.measured_at = 0.0
         self.retry_at = 0.0
         self.retry_wait = 1.0
         self.report = ArchiverReport(pod=pod, archived=0)
         self.metrics = Metrics()
         self.stopping = asyncio.Event()
         (spool / ARCHIVED_DIR).mkdir(parents=True, exist_ok=True)
+        # Words of an earlier life of this container: the server asks anew for each file.
+        for word in (spool / ARCHIVED_DIR).iterdir():
+            word.unlink(missing_ok=True)
         if self.spec:
             self.report.prefix = f"s3://{self.spec.bucket}/{self.prefix}"
 
@@ -167,19 +179,35 @@ class Archiver:
             self.system_checked = True
         client, key = self._client(), wal_key(self.prefix, name)
         try:
-            client.head_object(Bucket=self.spec.bucket, Key=key)
-            # Stored already. Not compared: a standby's copy of a segment may differ from its
-            # primary's past the last record (measured: after a timeline switch), so a file
-            # of another history under the same name is not told apart here.
-            return 0, 0
+            stored = client.head_object(Bucket=self.spec.bucket, Key=key).get("Metadata", {})
         except ClientError as error:
             if error.response.get("Error", {}).get("Code") not in ("404", "NoSuchKey", "NotFound"):
                 raise
-        data = (self.pgdata / "pg_wal" / name).read_bytes()
+        else:
+            # Stored already. A segment is not compared: a standby's copy may differ from its
+            # primary's past the last record (seen after timeline switches). A history file is:
+            # another one of that name is another server's promotion to the same timeline.
+            if (
+                HISTORY.match(name)
+                and stored.get("wal-sha256") != hashlib.sha256(self._read(name)).hexdigest()
+            ):
+                raise StorageError(
+                    "ArchiveConflict",
+                    f"s3://{self.spec.bucket}/{key} holds another history for timeline {name[:8]}: "
+                    "two servers were promoted to it; this server's WAL on it is not archived",
+                )
+            return 0, 0
+        data = self._read(name)
         body = zstandard.ZstdCompressor(level=COMPRESSION_LEVEL).compress(data)
         metadata = {"wal-sha256": hashlib.sha256(data).hexdigest(), "wal-size": str(len(data))}
         put_bytes(client, self.spec, key, body, metadata=metadata)
         return len(data), len(body)
+
+    def _read(self, name: str) -> bytes:
+        try:
+            return (self.pgdata / "pg_wal" / name).read_bytes()
+        except FileNotFoundError as error:
+            raise WalFileGone(name) from error
 
     # --- the loop -----------------------------------------------------------------------
     def ready(self) -> dict[str, float]:
@@ -199,7 +227,9 @@ class Archiver:
         while not self.stopping.is_set():
             ready = self.ready()
             now = time.time()
-            self._measure(ready, now)
+            if now - self.measured_at >= MEASURE_EVERY:
+                self._measure(ready, now)
+            self._forget(ready)
             if self.config_error:
                 self._failed(None, self.config_error)
             elif now >= self.retry_at:
@@ -216,9 +246,9 @@ class Archiver:
     async def _archive(self, name: str) -> None:
         try:
             read, sent = await asyncio.to_thread(self._store, name)
-        except FileNotFoundError:
-            # Its server removed it (an orphan .ready after pg_rewind): nothing to archive.
+        except WalFileGone:
             log.info("%s is gone from pg_wal: not archived", name)
+            self.stored[name] = time.time()  # not asked about again while its .ready stays
             return
         except (BotoCoreError, ClientError, StorageError, OSError) as error:
             failure = explain(error, self.spec.bucket if self.spec else "")
@@ -227,12 +257,14 @@ class Archiver:
             return
         finally:
             self.busy.pop(name, None)
-        (self.spool / ARCHIVED_DIR / name).touch()
+        if (self.status_dir / f"{name}.ready").exists():  # else the server is done with it
+            (self.spool / ARCHIVED_DIR / name).touch()
         self.stored[name] = time.time()
         self.retry_wait = 1.0
-        if self.report.failing:
+        self.failed.pop(name, None)
+        if self.report.failing and not self.failed:
             (self.spool / "last-error").unlink(missing_ok=True)
-        self.report.failing = False
+        self.report.failing = bool(self.failed)
         if self.report.last_archived_wal is None or name > self.report.last_archived_wal:
             self.report.last_archived_wal = name
         self.report.last_archived_at = now_text()
@@ -241,11 +273,13 @@ class Archiver:
         self.metrics.archived_bytes.inc(read)
         self.metrics.uploaded_bytes.inc(sent)
         self.metrics.last_archived.set(time.time())
-        self.metrics.failing.set(0)
+        self.metrics.failing.set(int(self.report.failing))
 
     def _failed(self, name: str | None, error: str) -> None:
         if not self.report.failing or self.report.last_error != error:
             log.warning("cannot archive %s: %s", name or "WAL", error)
+        if name:
+            self.failed[name] = error
         self.report.failing = True
         self.report.last_failed_wal = name or self.report.last_failed_wal
         self.report.last_failed_at = now_text()
@@ -256,7 +290,23 @@ class Archiver:
         self.retry_at = time.time() + self.retry_wait
         self.retry_wait = min(self.retry_wait * 2, RETRY_MAX)
 
+    def _forget(self, ready: dict[str, float]) -> None:
+        """What the server is done with: failures of files no longer ready (stored by another
+        server, or gone), and words nobody will take."""
+        for name in [name for name in self.failed if name not in ready]:
+            del self.failed[name]
+        if self.report.failing and not self.failed and not self.config_error:
+            self.report.failing = False
+            self.metrics.failing.set(0)
+            (self.spool / "last-error").unlink(missing_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            for word in os.scandir(self.spool / ARCHIVED_DIR):
+                if word.name not in ready and word.name not in self.busy:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(word.path)
+
     def _measure(self, ready: dict[str, float], now: float) -> None:
+        self.measured_at = now
         sizes = 0
         for name in ready:
             with contextlib.suppress(FileNotFoundError):

@@ -148,6 +148,8 @@ def test_every_server_gets_the_archiver_beside_it_and_archive_mode_always() -> N
     assert "AWS_SECRET_ACCESS_KEY" not in env  # keys come as files, so new ones reach it
     volumes = {v["name"]: v for v in spec["volumes"]}
     assert volumes["wal-credentials"]["secret"]["secretName"] == "s3-keys"
+    assert volumes["wal-credentials"]["secret"]["optional"]  # the archiver says it lacks keys
+    assert archiver["resources"]["limits"]["memory"] == "416Mi"  # 4 uploads at once
     server = spec["containers"][0]
     assert {"name": "wal-spool", "mountPath": "/var/run/statefleet-wal"} in server["volumeMounts"]
     conf = config(planned)["postgresql.conf"]
@@ -238,6 +240,31 @@ def test_status_and_condition_follow_the_primarys_archiver_with_an_event_on_each
     )
     assert conditions.find(off.status["conditions"], CONDITION) is None
     assert off.status.get("walArchive") is None
+
+
+def test_an_archiver_not_answering_for_a_while_is_no_event() -> None:
+    pods = [ready_pod("demo-0")]
+    healthy = ArchiverReport(pod="demo-0", failing=False, pending=0)
+
+    def passed(report: ArchiverReport | None, status: dict) -> Any:
+        inspection = report_facts(report)
+        seen = observed(
+            SPEC, references={"walStorage": STORAGE}, pods=pods, inspection=inspection, status=status
+        )
+        return plan(PLUGIN, seen, CATALOG, "uid-1")
+
+    first = passed(healthy, {})
+    silent = passed(None, first.status)  # restarting, or slow to answer
+    assert conditions.find(silent.status["conditions"], CONDITION)["status"] == "Unknown"
+    back = passed(healthy, silent.status)
+    assert conditions.find(back.status["conditions"], CONDITION)["status"] == "True"
+    noted = [e.reason for e in (*silent.events, *back.events)]
+    assert "ArchiverNotAnswering" not in noted
+    assert "Archiving" not in noted
+    failing = passed(ArchiverReport(pod="demo-0", failing=True, last_error="x"), back.status)
+    assert [e.type for e in failing.events if e.reason == "ArchiveFailing"] == ["Warning"]
+    fixed = passed(healthy, failing.status)
+    assert [e.type for e in fixed.events if e.reason == "Archiving"] == ["Normal"]
 
 
 def test_a_gap_is_found_across_timelines_and_a_partial_is_not_taken_for_a_segment() -> None:
