@@ -87,8 +87,12 @@ class BootstrapsPhysical(Driver):
         backup's data, or None when it must."""
 
     @abstractmethod
-    def bootstrap(self, manifest: Manifest, source: Source) -> dict[str, Any]:
-        """Puts a physical backup in place of the pod's empty data."""
+    def bootstrap(
+        self, manifest: Manifest, source: Source, point_in_time: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """Puts a physical backup in place of the pod's empty data. With `point_in_time`
+        ({archive: s3://bucket/prefix, target: a `framework.spec.RecoveryTarget`}), the server
+        then recovers to that point from the archive before it serves."""
 
 
 class ReplacesInPlace(Driver):

@@ -10,25 +10,29 @@ retention marks a Backup (`PRUNED_BY`) before it deletes it, so pruning one remo
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from botocore.exceptions import BotoCoreError, ClientError
 from lightkube import AsyncClient, codecs
 from lightkube.core.exceptions import ApiError
 from lightkube.types import PatchType
 from pydantic import Field, field_validator
 
-from backup.resources import COMPLETED, FAILED, backups_of
+from backup.point_in_time import Archive, base_backups, load_archive
+from backup.resources import COMPLETED, FAILED, backups_of, storage_client
 from backup.restore import RestoreKind
 from backup.restore_plan import RestoreStatus
 from backup.retention import Candidate, RetentionSpec, to_prune
 from backup.schedule import Schedule, ScheduleError
+from backup.storage import StorageError
 from backup.take import BackupKind
 from backup.take_plan import PRUNED_BY
 from framework.binding import ServiceRef
 from framework.kube import conditions
-from framework.kube.api import EventNote, post_event
+from framework.kube.api import EventNote, get_or_none, post_event
 from framework.kube.conditions import Condition
 from framework.kube.meta import API_VERSION, LABEL_MANAGED_BY, LABEL_PART_OF, MANAGER
 from framework.kube.model import ApiModel, StatusModel
@@ -212,9 +216,12 @@ def build_verify_restore(
     backup: dict[str, Any],
     at: datetime | None = None,
     throwaway: dict[str, Any] | None = None,
+    replay_archive: bool = False,
 ) -> dict[str, Any]:
     """A Restore of `backup` into a throwaway single instance, with the plan's check; `at`, the
-    verify schedule's time, tells apart the tests of one backup (and their throwaways)."""
+    verify schedule's time, tells apart the tests of one backup (and their throwaways). With
+    `replay_archive` (a physical backup of an instance that archives to the plan's storage),
+    the throwaway also replays the archive to its newest point: a broken archive fails the test."""
     name, uid = backup["metadata"]["name"], backup["metadata"]["uid"]
     restore_name, target_name = f"{name[:50]}-verify", f"{plan_meta['name'][:24]}-verify-{uid[:6]}"
     if at is not None:
@@ -245,6 +252,11 @@ def build_verify_restore(
                 "spec": {**(throwaway or {}), "deletionPolicy": "Delete"},
             },
             "check": check,
+            **(
+                {"pointInTime": {"instance": spec.service.name, "storage": spec.storage}}
+                if replay_archive
+                else {}
+            ),
         },
     }
 
@@ -341,6 +353,14 @@ class BackupPlanKind(ObjectKind):
             except ApiError as error:
                 if error.status.code != 404:
                     raise
+        if decision.prune:
+            try:
+                note = await self.prune_archive(client, namespace, spec, frozenset(decision.prune))
+            except (StorageError, BotoCoreError, ClientError) as error:
+                # Tried again with the next backups retention deletes; never more than they allow.
+                note = EventNote("Warning", "WalPruneFailed", f"the WAL of deleted backups stays: {error}")
+            if note is not None:
+                events.append(note)
         created_ref: frozenset[Ref] = frozenset()
         if decision.create:
             await client.create(codecs.from_dict(self.build_backup(body, spec, decision.create)))
@@ -380,6 +400,40 @@ class BackupPlanKind(ObjectKind):
             retry_in=retry_in,
             events=tuple(events),
         )
+
+    async def archive_of(self, client: AsyncClient, namespace: str, spec: BackupPlanSpec) -> Archive | None:
+        """The continuous archive of the plan's instance, when it archives to the plan's storage
+        (its base backups are then the plan's and the others there)."""
+        plugin = self.plugins.get(spec.service.kind)
+        if plugin is None or plugin.backups is None or plugin.backups.point_in_time is None:
+            return None
+        archive = load_archive(plugin.backups.point_in_time)
+        instance = await get_or_none(client, plugin.resource(), spec.service.name, namespace)
+        if instance is None or archive.storage_of(instance.get("spec") or {}) != spec.storage:
+            return None
+        return archive
+
+    async def prune_archive(
+        self, client: AsyncClient, namespace: str, spec: BackupPlanSpec, pruned: frozenset[str]
+    ) -> EventNote | None:
+        """Retention covers WAL: once it deleted backups, the WAL no base backup left in the
+        storage needs goes (the newest verified one is always among those left)."""
+        archive = await self.archive_of(client, namespace, spec)
+        plugin = self.plugins[spec.service.kind]
+        if archive is None:
+            return None
+        kept = await base_backups(client, namespace, plugin, spec.service.name, spec.storage, leaving=pruned)
+        if not kept:
+            return None
+        s3, s3_api = await storage_client(client, namespace, spec.storage)
+        prefix = archive.prefix(s3.prefix, namespace, spec.service.name)
+        deleted = await asyncio.to_thread(archive.prune, s3_api, s3, prefix, kept)
+        if not deleted:
+            return None
+        oldest = min(kept, key=lambda b: b.completed_at).name
+        where = f"s3://{s3.bucket}/{prefix}"
+        message = f"{deleted} WAL files older than Backup {oldest}, the oldest kept, deleted from {where}"
+        return EventNote("Normal", "WalPruned", message)
 
     async def verify(
         self,
@@ -459,12 +513,15 @@ class BackupPlanKind(ObjectKind):
         fields["nextVerifyTime"] = format_time(decision.wake_at) if decision.wake_at else None
         if decision.backup:
             verified_plugin = self.plugins.get(spec.service.kind)
+            physical = (by_name[decision.backup].get("status") or {}).get("physical") is not None
+            archived = physical and await self.archive_of(client, namespace, spec) is not None
             restore = build_verify_restore(
                 meta,
                 spec,
                 by_name[decision.backup],
                 decision.scheduled_for,
                 backups_of(verified_plugin).throwaway_spec if verified_plugin else None,
+                replay_archive=archived,
             )
             try:
                 await client.create(codecs.from_dict(restore))

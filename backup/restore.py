@@ -7,11 +7,13 @@ where it stopped.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from dataclasses import replace
 from typing import Any
 
+from botocore.exceptions import BotoCoreError, ClientError
 from lightkube import AsyncClient, codecs
 from lightkube.core.exceptions import ApiError
 from lightkube.resources.core_v1 import Pod, Secret
@@ -19,8 +21,17 @@ from lightkube.types import PatchType
 
 from backup import in_place
 from backup.job import DeleteJob, StartJob
-from backup.resources import COMPLETED, FAILED, BackupSpec, JobKind, backups_of, storage_client
+from backup.point_in_time import Reach, Unreachable, base_backups, load_archive
+from backup.resources import (
+    COMPLETED,
+    FAILED,
+    BackupSpec,
+    JobKind,
+    backups_of,
+    storage_client,
+)
 from backup.restore_plan import (
+    RESTORED_BY,
     Action,
     Ask,
     CreateTarget,
@@ -31,7 +42,7 @@ from backup.restore_plan import (
     Step,
     WriteBootstrapSecret,
 )
-from backup.storage import CREDENTIAL_KEYS, StorageError
+from backup.storage import CREDENTIAL_KEYS, StorageError, explain
 from backup.take import BackupKind
 from framework.kube.api import get_or_none
 from framework.kube.jobs import job_name, observe_job, termination
@@ -48,12 +59,23 @@ JOB_ACTIONS = ("restore", "verify", "rollback")
 
 
 async def bootstrap_failure(
-    client: AsyncClient, plugin: ServicePlugin, namespace: str, instance: str
+    client: AsyncClient, plugin: ServicePlugin, namespace: str, instance: str, recovering: bool = False
 ) -> tuple[str, str] | None:
-    """The reason and message a new instance's restore init container failed with, if it did."""
+    """The reason and message a new instance's restore init container failed with, if it did;
+    `recovering` (an instance this Restore made to recover to a point): also a container that
+    ended with an error report and has not run again since."""
     labels = {LABEL_INSTANCE: instance, LABEL_NAME: plugin.service}
     async for pod in client.list(Pod, namespace=namespace, labels=labels):
-        for container in pod.to_dict().get("status", {}).get("initContainerStatuses") or []:
+        status = pod.to_dict().get("status", {})
+        for container in (status.get("containerStatuses") or []) if recovering else []:
+            current = container.get("state") or {}
+            if "running" in current:
+                continue
+            state = current if "terminated" in current else container.get("lastState") or {}
+            report, _ = termination({"status": {"containerStatuses": [{"state": state}]}})
+            if state.get("terminated", {}).get("exitCode") and report and "error" in report:
+                return report["error"]["reason"], report["error"]["message"]
+        for container in status.get("initContainerStatuses") or []:
             if container.get("name") != "restore":
                 continue
             for state in (container.get("state") or {}, container.get("lastState") or {}):
@@ -88,7 +110,14 @@ class RestoreKind(JobKind):
         )
         if status.phase in (COMPLETED, FAILED) and not view.deleting:
             return view  # ended: nothing more to read
-        backup = await get_or_none(client, BackupKind.resource(), spec.backup, namespace)
+        plugin = self.plugins.get(spec.target.kind)
+        if spec.point_in_time is not None and status.point_in_time is None:
+            target = plugin and await get_or_none(client, plugin.resource(), spec.target.name, namespace)
+            reach = await self.observe_archive(client, namespace, spec, plugin) if target is None else None
+            return replace(view, target=target or None, reach=reach)
+        # A point-in-time Restore's backup is the one it chose (status.pointInTime.backup).
+        name = spec.backup or (status.point_in_time.backup if status.point_in_time else None)
+        backup = await get_or_none(client, BackupKind.resource(), name, namespace) if name else None
         storage, storage_error = None, None
         if backup is not None and (backup.get("status") or {}).get("phase") == COMPLETED:
             try:
@@ -97,7 +126,6 @@ class RestoreKind(JobKind):
                 )
             except StorageError as error:
                 storage_error = error
-        plugin = self.plugins.get(spec.target.kind)
         target = plugin and await get_or_none(client, plugin.resource(), spec.target.name, namespace)
         jobs = {}
         for action in JOB_ACTIONS:
@@ -106,7 +134,11 @@ class RestoreKind(JobKind):
                 jobs[action] = job
         failure = None
         if plugin is not None and target is not None and "restore" not in jobs:
-            failure = await bootstrap_failure(client, plugin, namespace, spec.target.name)
+            made = (target["metadata"].get("annotations") or {}).get(
+                RESTORED_BY
+            ) == f"{meta['name']}/{meta['uid']}"
+            recovering = made and spec.point_in_time is not None
+            failure = await bootstrap_failure(client, plugin, namespace, spec.target.name, recovering)
         return replace(
             view,
             backup=backup,
@@ -116,6 +148,39 @@ class RestoreKind(JobKind):
             jobs=jobs,
             bootstrap_failure=failure,
         )
+
+    async def observe_archive(
+        self, client: AsyncClient, namespace: str, spec: RestoreSpec, plugin: ServicePlugin | None
+    ) -> Reach | Unreachable | StorageError | None:
+        """What the archive of spec.pointInTime.instance allows: read once, before a base
+        backup is chosen (None: the service has no point-in-time recovery)."""
+        wanted = spec.point_in_time
+        assert wanted is not None
+        if plugin is None or plugin.backups is None or plugin.backups.point_in_time is None:
+            return None
+        archive = load_archive(plugin.backups.point_in_time)
+        storage = wanted.storage
+        if storage is None:
+            source = await get_or_none(
+                client, plugin.resource(), wanted.instance, wanted.source_namespace(namespace)
+            )
+            storage = archive.storage_of((source or {}).get("spec") or {})
+            if storage is None:
+                why = "archives nothing" if source else "does not exist"
+                return Unreachable(
+                    "spec.pointInTime.storage",
+                    f"{plugin.kind} {wanted.instance} {why}: name the BackupStorage that holds its archive",
+                )
+        try:
+            s3, s3_api = await storage_client(client, namespace, storage)
+            prefix = archive.prefix(s3.prefix, wanted.source_namespace(namespace), wanted.instance)
+            observed = await asyncio.to_thread(archive.observe, s3_api, s3, prefix)
+        except StorageError as error:
+            return error
+        except (BotoCoreError, ClientError) as error:
+            return explain(error, storage)
+        backups = await base_backups(client, namespace, plugin, wanted.instance, storage, only=spec.backup)
+        return archive.reach(observed, backups, wanted.target())
 
     async def reconcile(self, client: AsyncClient, body: dict[str, Any], spec: RestoreSpec) -> Outcome:
         view = await self.observe(client, body, spec)

@@ -27,6 +27,7 @@ from pydantic import ConfigDict, Field
 
 from backup import in_place
 from backup.job import DEFAULT_DEADLINE, DeleteJob, StartJob
+from backup.point_in_time import Reach, Unreachable
 from backup.resources import (
     COMPLETED,
     FAILED,
@@ -46,6 +47,7 @@ from framework.kube.model import ApiModel, StatusModel, free_form
 from framework.kube.times import parse_time
 from framework.object_controller import Outcome, Ref
 from framework.plugin import ServicePlugin
+from framework.spec import ONE_TARGET, RecoveryTarget
 
 RESTORED_BY = "statefleet.dev/restored-by"  # annotation on an instance a Restore created
 ROLLBACK_RETRIES = 3  # a rollback Job's pod is run again this many times (10 s, 20 s, 40 s apart)
@@ -80,9 +82,62 @@ class RestoreCheck(ApiModel):
     )
 
 
+class PointInTime(RecoveryTarget):
+    """Where a Restore recovers to, from an instance's continuous archive."""
+
+    model_config = ConfigDict(json_schema_extra=ONE_TARGET)
+    instance: str = Field(
+        min_length=1,
+        max_length=63,
+        description="The archived instance (same namespace and kind as the target); it may be gone.",
+    )
+    storage: str | None = Field(
+        default=None,
+        min_length=1,
+        description="The BackupStorage holding its archive and base backups; empty: the one the "
+        "instance archives to.",
+    )
+    namespace: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=63,
+        description="The namespace the instance archived from, when not the Restore's (e.g. one deleted "
+        "with everything in it): its base backups are then Backups here that import them "
+        "(spec.importFrom).",
+    )
+
+    def target(self) -> RecoveryTarget:
+        """The point alone, as the new instance's spec.bootstrap.pointInTime says it."""
+        return RecoveryTarget.model_validate(self.model_dump(include=set(RecoveryTarget.model_fields)))
+
+    def source_namespace(self, own: str) -> str:
+        return self.namespace or own
+
+
+ONE_SOURCE = {
+    "x-kubernetes-validations": [
+        *IMMUTABLE["x-kubernetes-validations"],
+        {
+            "rule": "has(self.backup) || has(self.pointInTime)",
+            "message": "spec.backup or spec.pointInTime is required",
+        },
+    ]
+}
+
+
 class RestoreSpec(ApiModel):
-    model_config = ConfigDict(json_schema_extra=IMMUTABLE)
-    backup: str = Field(min_length=1, description="The Backup, in the same namespace.")
+    model_config = ConfigDict(json_schema_extra=ONE_SOURCE)
+    backup: str | None = Field(
+        default=None,
+        min_length=1,
+        description="The Backup, in the same namespace; with pointInTime, chosen when empty (the newest "
+        "completed physical one before the target).",
+    )
+    point_in_time: PointInTime | None = Field(
+        default=None,
+        description="Recover to a point of an instance's continuous archive: a physical backup into a "
+        "new instance, then its WAL replayed to the target.",
+    )
     target: RestoreTarget
     check: RestoreCheck | None = Field(
         default=None, description="After the restore, read every table (and run the query): a restore test."
@@ -124,6 +179,9 @@ class RestoreStatus(StatusModel):
     details: dict[str, Any] | None = free_form(
         "what the Job reported of the restore and its check", nullable=True
     )
+    point_in_time: Reach | None = Field(
+        default=None, description="the base backup chosen and the archive's reach"
+    )
 
 
 @dataclass(frozen=True)
@@ -141,6 +199,8 @@ class RestoreView:
     target: dict[str, Any] | None = None
     jobs: Mapping[str, JobView] = field(default_factory=dict)  # by action: restore, verify, rollback
     bootstrap_failure: tuple[str, str] | None = None  # a new instance's restore init container's
+    # spec.pointInTime, before a base backup was chosen: what the archive allows, or why not read
+    reach: Reach | Unreachable | StorageError | None = None
     now: float = 0.0  # seconds since the epoch
 
     def job(self, action: str) -> JobView:
@@ -236,8 +296,10 @@ class RestorePlanner:
 
     def __init__(self, view: RestoreView, plugins: Mapping[str, ServicePlugin], now_text: str) -> None:
         self.view = view
-        self.spec = view.spec
         self.status = view.status
+        chosen = view.status.point_in_time.backup if view.status.point_in_time else None
+        # A point-in-time Restore's base backup, once chosen, is its backup from then on.
+        self.spec = view.spec.model_copy(update={"backup": view.spec.backup or chosen})
         self.plugins = plugins
         self.now_text = now_text  # the time written into status (`completedAt`, `startedAt`)
         self.token = replace_token(view.uid)
@@ -267,8 +329,16 @@ class RestorePlanner:
         return str(((self.view.backup or {}).get("status") or {})["manifest"]).rsplit("/", 1)[0]
 
     def bootstrap_secret(self) -> WriteBootstrapSecret:
-        """What a new instance's pods read the backup with (kept once written)."""
-        return WriteBootstrapSecret(self.request("bootstrap", location=self.location_prefix()))
+        """What a new instance's pods read the backup with (kept once written); with a point in
+        time, the archive they recover from and the target."""
+        more: dict[str, Any] = {"location": self.location_prefix()}
+        reach = self.status.point_in_time
+        if self.spec.point_in_time is not None and reach is not None and reach.archive:
+            more["pointInTime"] = {
+                "archive": reach.archive,
+                "target": self.spec.point_in_time.target().to_api(),
+            }
+        return WriteBootstrapSecret(self.request("bootstrap", **more))
 
     def target_not_ready(self, depends_on: frozenset[Ref]) -> Step:
         message = f"{self.instance} is not ready yet"
@@ -295,7 +365,9 @@ class RestorePlanner:
             return Step(Outcome(True, "Completed", status.message or "restored"))
         if status.phase == FAILED:
             return Step(Outcome(False, status.reason or "Failed", status.message or "failed"))
-        backup_ref = Ref("Backup", spec.backup)
+        if spec.point_in_time is not None and status.point_in_time is None:
+            return self.choose_point_in_time()
+        backup_ref = Ref("Backup", spec.backup or "")
         if status.in_place and (status.in_place == InPlaceStep.ROLLBACK or self.backup_phase() != COMPLETED):
             # Under way in the instance: whatever happened to the Backup since, it ends there.
             if view.target is None:
@@ -372,6 +444,13 @@ class RestorePlanner:
         except ValueError as error:
             return self.failed("TargetRefused", f"spec.target.spec: {error}")
         target_spec["bootstrap"] = {"fromBackup": {"name": spec.backup}}
+        if spec.point_in_time is not None:
+            if method not in backups_of(self.plugin).bootstrap_methods:
+                return self.failed(
+                    "TargetRefused",
+                    f"spec.backup: a {method} backup is not recovered to a point: name a physical one",
+                )
+            target_spec["bootstrap"]["pointInTime"] = spec.point_in_time.target().to_api()
         body = {
             "apiVersion": API_VERSION,
             "kind": self.plugin.kind,
@@ -394,6 +473,51 @@ class RestorePlanner:
                 CreateTarget(body),
                 self.bootstrap_secret(),
             ),
+        )
+
+    def choose_point_in_time(self) -> Step:
+        """Before anything is made: the base backup for the target, or why the archive cannot
+        reach it (naming the field and the reachable range)."""
+        view, spec = self.view, self.spec
+        assert spec.point_in_time is not None
+        plugin = self.plugins.get(spec.target.kind)
+        if plugin is None or plugin.backups is None or plugin.backups.point_in_time is None:
+            return self.failed(
+                "PointInTimeUnsupported",
+                f"spec.pointInTime: a {spec.target.kind} is not recovered to a point",
+            )
+        if spec.target.replace:
+            return self.failed(
+                "ReplaceRefused",
+                "spec.target.replace: a point-in-time recovery goes into a new instance (recovering over "
+                "an existing one is not built yet)",
+            )
+        if view.target is not None:
+            return self.failed(
+                "TargetExists",
+                f"spec.target.name: {self.instance} exists: a point-in-time recovery makes a new instance",
+            )
+        reach = view.reach
+        if isinstance(reach, Unreachable):
+            return self.failed("TargetUnreachable", f"{reach.field}: {reach.message}")
+        if isinstance(reach, StorageError) or reach is None:
+            error = reach or StorageError("ArchiveNotRead", "the archive was not read")
+            return Step(Outcome(False, error.reason, str(error), retry_in=30, fields={"phase": PENDING}))
+        if spec.backup:
+            reach = reach.model_copy(update={"backup": spec.backup})
+        message = (
+            f"recovering to {reach.target} from Backup {reach.backup} and {reach.archive}, "
+            f"{reach.reachable_from} to {reach.reachable_to}"
+        )
+        return Step(
+            Outcome(
+                False,
+                "BackupChosen",
+                message,
+                retry_in=1,
+                fields={"phase": PENDING, "pointInTime": reach.to_api()},
+                events=(EventNote("Normal", "BackupChosen", message),),
+            )
         )
 
     def restore_by_job(self, method: str, replacing: bool) -> Step:
@@ -449,6 +573,10 @@ class RestorePlanner:
             )
         result = job.state.result or {}
         restored = result.get("bytes", 0)
+        reach = status.point_in_time
+        if reach is not None:
+            done = f"{self.instance} recovered to {reach.target} from Backup {spec.backup}, {reach.archive}"
+            return self.completed(done, result.get("details"))
         return self.completed(
             f"Backup {spec.backup} restored into {self.instance}: {restored} bytes", result.get("details")
         )

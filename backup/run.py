@@ -291,7 +291,9 @@ def bootstrap(request: dict[str, Any], client: Any, spec: S3Spec) -> dict[str, A
     # One pass: the data is extracted aside on an empty volume and moved into place only once
     # every piece matched, so nothing is applied before the checksums are.
     try:
-        return bootstrapping.bootstrap(manifest, streamed_source(client, spec, manifest))
+        return bootstrapping.bootstrap(
+            manifest, streamed_source(client, spec, manifest), request.get("pointInTime")
+        )
     except (StorageError, BotoCoreError, ClientError, OSError, Stopped):
         raise
     except Exception:

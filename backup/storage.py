@@ -260,6 +260,14 @@ def verify(client: Any, spec: S3Spec, key: str, sha256: str, size: int) -> None:
         raise ChecksumMismatch(key, sha256, digest.hexdigest(), seen)
 
 
+def delete_keys(client: Any, spec: S3Spec, keys: list[str]) -> int:
+    """Deletes these objects, a thousand per request (the most S3 takes). Returns how many."""
+    for start in range(0, len(keys), 1000):
+        batch = [{"Key": key} for key in keys[start : start + 1000]]
+        client.delete_objects(Bucket=spec.bucket, Delete={"Objects": batch, "Quiet": True})
+    return len(keys)
+
+
 def delete_prefix(client: Any, spec: S3Spec, prefix: str, first: str | None = None) -> int:
     """Deletes every object under `prefix/` (the key `first` before the others, so a backup stops
     existing before its parts go) and aborts unfinished uploads there. Returns objects deleted."""
@@ -269,10 +277,9 @@ def delete_prefix(client: Any, spec: S3Spec, prefix: str, first: str | None = No
         client.delete_object(Bucket=spec.bucket, Key=first)
         deleted += 1
     for page in client.get_paginator("list_objects_v2").paginate(Bucket=spec.bucket, Prefix=prefix):
-        keys = [{"Key": o["Key"]} for o in page.get("Contents", []) if o["Key"] != first]
-        for start in range(0, len(keys), 1000):
-            client.delete_objects(Bucket=spec.bucket, Delete={"Objects": keys[start : start + 1000]})
-            deleted += len(keys[start : start + 1000])
+        deleted += delete_keys(
+            client, spec, [o["Key"] for o in page.get("Contents", []) if o["Key"] != first]
+        )
     uploads = client.list_multipart_uploads(Bucket=spec.bucket, Prefix=prefix).get("Uploads", [])
     for upload in uploads:
         client.abort_multipart_upload(Bucket=spec.bucket, Key=upload["Key"], UploadId=upload["UploadId"])

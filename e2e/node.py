@@ -73,6 +73,11 @@ def freezer(pod_uid: str) -> Path:
     return Path("/sys/fs/cgroup/freezer") / path.lstrip("/") / "freezer.state"
 
 
+def pod_freezer(pod_uid: str) -> Path:
+    """The cgroup v1 freezer of the whole pod: every container, its sidecars too."""
+    return freezer(pod_uid).parent.parent / "freezer.state"
+
+
 def freeze(state_file: Path) -> None:
     """Every process of the container stops where it is, as on a hung machine."""
     state_file.write_text("FROZEN")

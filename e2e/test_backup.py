@@ -47,6 +47,7 @@ from e2e.operator_process import OperatorProcess
 from e2e.s3 import s3_api, s3_settings
 from e2e.test_postgres import Postgres, create, wait_ready
 from services.postgres import backup_replace
+from services.postgres.wal_archive import SEGMENT, SEGMENT_SIZE, archive_prefix, lsn_value, segment_number
 
 pytestmark = pytest.mark.e2e
 
@@ -136,10 +137,10 @@ def sql(kube: Client, namespace: str, instance: str, statement: str, database: s
         return row[0] if row else None
 
 
-def demo_with_storage(kube: Client, namespace: str, bucket: str, version: str) -> None:
+def demo_with_storage(kube: Client, namespace: str, bucket: str, version: str, **spec: Any) -> None:
     """The BackupStorage `s3` on `bucket`, and a ready one-instance Postgres `demo`."""
     storage(kube, namespace, "s3", bucket)
-    create(kube, namespace, "demo", {"version": version, "storage": {"size": "2Gi"}})
+    create(kube, namespace, "demo", {"version": version, "storage": {"size": "2Gi"}, **spec})
     wait_ready(kube, namespace, "demo", 1)
 
 
@@ -531,6 +532,13 @@ def plan_backups(kube: Client, namespace: str, plan: str) -> dict[str, dict[str,
     return {b.metadata.name: b.to_dict() for b in found}
 
 
+def wal_files(bucket: str, prefix: str) -> list[str]:
+    """The WAL files archived under `prefix` (names without their .zst)."""
+    pages = s3_api(s3_settings()).get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+    keys = [item["Key"] for page in pages for item in page.get("Contents") or []]
+    return [key.rsplit("/", 1)[-1].removesuffix(".zst") for key in keys if key.endswith(".zst")]
+
+
 def verified(backup: dict[str, Any]) -> dict[str, Any] | None:
     return next(
         (c for c in (backup.get("status") or {}).get("conditions") or [] if c["type"] == "Verified"), None
@@ -544,13 +552,15 @@ def test_a_plan_backs_up_on_schedule_verifies_and_prunes(
     bucket: str,
     deleted_namespaces: DeletedNamespaces,
 ) -> None:
-    demo_with_storage(kube, namespace, bucket, "15")
+    # The instance archives its WAL to the plan's storage: retention covers the archive, and
+    # each restore test replays it from the backup to its newest point.
+    demo_with_storage(kube, namespace, bucket, "15", walArchive={"storage": "s3"})
     seed(kube, namespace, "demo")
     plan = {
         "service": {"kind": "Postgres", "name": "demo"},
         "storage": "s3",
         "schedule": "* * * * *",
-        "method": "logical",
+        "method": "physical",
         "retention": {"keepLast": 1},
         "verify": {"enabled": True, "query": "SELECT count(*) = 50000 FROM orders", "database": "shop"},
     }
@@ -567,6 +577,10 @@ def test_a_plan_backs_up_on_schedule_verifies_and_prunes(
 
     first, backup = wait_until("a verified backup", first_verified, timeout=300, interval=2)
     assert "rows read" in verified(backup)["message"]
+    tests = kube.list(Restore, namespace=namespace, labels={"statefleet.dev/verification": "true"})
+    assert all(r.to_dict()["spec"].get("pointInTime") for r in tests)  # the archive replayed too
+    wal = archive_prefix("apps", namespace, "demo") + "/"
+    before = [name for name in wal_files(bucket, wal) if SEGMENT.match(name)]
     last = status(kube, BackupPlan, namespace, "demo-nightly")["lastVerification"]
     assert (last["backup"], last["result"]) == (first, "Passed")
     # The throwaway instance is gone.
@@ -591,6 +605,17 @@ def test_a_plan_backs_up_on_schedule_verifies_and_prunes(
     plan_status = status(kube, BackupPlan, namespace, "demo-nightly")
     assert plan_status["lastSuccessfulBackup"] in plan_backups(kube, namespace, "demo-nightly")
     assert plan_status["consecutiveFailures"] == 0
+    # ...and with it the WAL only it needed: none older than the survivor's start is left.
+    survivor_start = status(kube, Backup, namespace, plan_status["lastSuccessfulBackup"])["physical"]
+    first_needed = lsn_value(survivor_start["startLsn"]) // SEGMENT_SIZE
+    wait_until(
+        "the WAL before the kept backup deleted",
+        lambda: min(segment_number(n) for n in wal_files(bucket, wal) if SEGMENT.match(n)) == first_needed,
+        60,
+    )
+    assert [n for n in before if segment_number(n) < first_needed], "no WAL was older than the kept backup"
+    pruned_events = [e for e in kube.list(Event, namespace=namespace) if e.reason == "WalPruned"]
+    assert pruned_events, "no Event says WAL was pruned"
 
     # Retention is the only automatic deletion: the namespace deleted (its Backup objects with
     # it), the plan's backups stay in the storage...
@@ -621,7 +646,7 @@ def test_a_plan_backs_up_on_schedule_verifies_and_prunes(
         imported = location.rsplit("/", 1)[-1]
         done = wait_phase(kube, Backup, elsewhere, imported, "Completed")
         assert (done["method"], done["instanceSpec"]["storage"]) == (
-            "logical",
+            "physical",
             kept["status"]["instanceSpec"]["storage"],
         )
         check = {"query": "SELECT count(*) = 50000 FROM orders", "database": "shop"}
@@ -636,13 +661,15 @@ def test_a_plan_backs_up_on_schedule_verifies_and_prunes(
 def test_a_restore_test_fails_loudly_on_a_tampered_backup(
     kube: Client, namespace: str, operator: OperatorProcess, bucket: str
 ) -> None:
-    demo_with_storage(kube, namespace, bucket, "15")
+    # The instance archives its WAL to the plan's storage: retention covers the archive, and
+    # each restore test replays it from the backup to its newest point.
+    demo_with_storage(kube, namespace, bucket, "15", walArchive={"storage": "s3"})
     seed(kube, namespace, "demo")
     plan = {
         "service": {"kind": "Postgres", "name": "demo"},
         "storage": "s3",
         "schedule": "* * * * *",
-        "method": "logical",
+        "method": "physical",
     }
     apply(kube, BackupPlan, namespace, "p", plan)
 

@@ -4,8 +4,9 @@ PostgreSQL servers, whose processes the tests kill and freeze on the real node.
 
 The steps share one instance (created once, about a minute): each starts from it whole, with
 its 100 rows, and leaves it whole; the switchover step scales it down. The instance archives
-its WAL all along (`spec.walArchive`): the last step checks the archive has every segment
-across the failovers, the switchover and a time with revoked keys."""
+its WAL all along (`spec.walArchive`): a step checks the archive has every segment across the
+failovers, the switchover and a time with revoked keys; the last recovers a new instance to
+a point in time from it and a physical backup taken before the failovers."""
 
 from __future__ import annotations
 
@@ -18,15 +19,17 @@ from typing import Any
 import pytest
 import zstandard
 from lightkube import Client
+from lightkube.core.exceptions import ApiError
 from lightkube.resources.apps_v1 import StatefulSet
 from lightkube.resources.core_v1 import Pod, Secret
 
 from e2e import node
-from e2e.kube import statefleet, wait_until
+from e2e.kube import apply, statefleet, wait_until
 from e2e.namespaces import DeletedNamespaces, namespace_prefix, new_namespace
 from e2e.operator_process import OperatorProcess
 from e2e.s3 import create_keys, keys_under, new_bucket, revoke_keys, s3_api, s3_settings
-from e2e.test_backup import storage
+from e2e.test_backup import Backup, Restore, sql, storage, wait_phase
+from e2e.test_backup import status as status_in
 from e2e.test_postgres import Postgres, connect, create, execute, patch_spec, query, wait_ready
 from e2e.test_postgres_ha import (
     SPEC,
@@ -95,6 +98,10 @@ def instance(
     wait_ready(kube, namespace, "demo", 3, timeout=240)
     execute(kube, namespace, "demo-rw", "create table orders(id int primary key)")
     insert(kube, namespace, range(1, 101))
+    # The base backup of the point-in-time step, before the failovers change the timeline.
+    service = {"kind": "Postgres", "name": "demo"}
+    apply(kube, Backup, namespace, "base", {"service": service, "storage": "s3", "method": "physical"})
+    wait_phase(kube, Backup, namespace, "base", "Completed", timeout=240)
     return "demo"
 
 
@@ -414,3 +421,131 @@ def test_the_archive_has_every_wal_file_across_failovers_and_catches_up_after_re
         "volume included); "
         + ", ".join(f"{pod} archived {r['archived']}" for pod, r in sorted(reports.items()))
     )
+
+
+def test_a_restore_to_a_point_in_time_undoes_a_drop_across_the_failovers(
+    kube: Client, namespace: str, instance: str
+) -> None:
+    """The archive and the base backup taken before the failovers bring a new instance back to
+    the moment before a `DROP TABLE`: what was committed before it is there, the table too,
+    and nothing after it. A point the archive cannot reach is refused before anything is made."""
+    base = status_in(kube, Backup, namespace, "base")
+    now_on = query(kube, namespace, "demo-rw", "select pg_walfile_name(pg_current_wal_lsn())")
+    assert int(now_on[:8], 16) > base["physical"]["timeline"], "no failover since the base backup"
+    execute(kube, namespace, "demo-rw", "create table kept as select generate_series(1, 50) as id")
+    orders = query(kube, namespace, "demo-rw", "select count(*) from orders")  # 100 and what steps left
+    point = query(
+        kube,
+        namespace,
+        "demo-rw",
+        """select to_char(clock_timestamp() at time zone 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"')""",
+    )
+    time.sleep(1)  # the DROP's commit time is clearly after the point
+    execute(kube, namespace, "demo-rw", "drop table orders")
+    execute(kube, namespace, "demo-rw", "create table later as select 1 as id")
+    switched = query(kube, namespace, "demo-rw", "select pg_walfile_name(pg_switch_wal())")
+    wait_until(
+        f"{switched} archived",
+        lambda: (status_of(kube, namespace)["walArchive"].get("lastArchivedWal") or "")[8:] >= switched[8:],
+        timeout=60,
+    )
+    restored_at = time.monotonic()
+    target = {"kind": "Postgres", "name": "demo-pitr", "spec": {"instances": 1}}
+    apply(
+        kube,
+        Restore,
+        namespace,
+        "before-drop",
+        {"pointInTime": {"instance": "demo", "time": point}, "target": target},
+    )
+    done = wait_phase(kube, Restore, namespace, "before-drop", "Completed", timeout=360)
+    took = time.monotonic() - restored_at
+    assert done["pointInTime"]["backup"] == "base"
+    assert sql(kube, namespace, "demo-pitr", "select count(*) from orders") == orders
+    assert sql(kube, namespace, "demo-pitr", "select count(*) from kept") == 50
+    assert sql(kube, namespace, "demo-pitr", "select to_regclass('later') is null") is True
+    timeline = sql(kube, namespace, "demo-pitr", "select pg_walfile_name(pg_current_wal_lsn())")
+    assert int(timeline[:8], 16) > int(now_on[:8], 16), "the recovered instance is on a timeline of its own"
+
+    # Before the base backup: refused at once, naming the field and what can be reached.
+    early = base["startedAt"].replace("Z", "+00:00")
+    apply(
+        kube,
+        Restore,
+        namespace,
+        "too-early",
+        {"pointInTime": {"instance": "demo", "time": early}, "target": {"kind": "Postgres", "name": "never"}},
+    )
+    refused = wait_phase(kube, Restore, namespace, "too-early", "Failed", timeout=60)
+    assert refused["reason"] == "TargetUnreachable"
+    assert refused["message"].startswith("spec.pointInTime.time: "), refused["message"]
+    assert "is before the oldest base backup; reachable from" in refused["message"]
+    with pytest.raises(ApiError):  # nothing was made
+        kube.get(Postgres, "never", namespace=namespace)
+    print(f"point in time {point}, timeline {int(timeline[:8], 16)}; Restore Completed in {took:.0f} s")
+
+
+def test_after_the_whole_namespace_is_lost_its_archive_brings_back_every_commit_older_than_10_s(
+    kube: Client,
+    namespace: str,
+    instance: str,
+    archive_bucket: str,
+    archive_keys: list[tuple[str, str]],
+    deleted_namespaces: DeletedNamespaces,
+) -> None:
+    """A writer commits all along; every pod of the instance stops dead at once (frozen, its
+    sidecars too, then killed: no last WAL switch, no last upload), and the namespace goes with
+    every volume and object. In a new namespace, with the storage and the base backup imported
+    from the bucket, a Restore of the newest point brings back every row committed more than
+    10 s before the loss, with the default settings (archiveTimeoutSeconds 5)."""
+    base = status_in(kube, Backup, namespace, "base")
+    execute(kube, namespace, "demo-rw", "create table ticks(value bigint primary key)")
+    writer = Writer(kube, namespace)
+    writer.start()
+    wait_until("the writer commits", lambda: len(writer.acknowledged) > 100, timeout=30)
+    time.sleep(15)  # three archive timeouts of commits
+    pods = list(kube.list(Pod, namespace=namespace, labels={"app.kubernetes.io/instance": "demo"}))
+    frozen = [node.pod_freezer(pod.metadata.uid) for pod in pods]
+    for state in frozen:
+        node.freeze(state)
+    lost_at = time.monotonic()
+    try:
+        deleted_namespaces.delete(namespace)
+        for pod in pods:  # killed while frozen: they die as they thaw, doing nothing more
+            kube.delete(Pod, pod.metadata.name, namespace=namespace, grace_period=0)
+        time.sleep(5)
+    finally:
+        for state in frozen:
+            node.thaw(state)
+    writer.stop()
+    older = [value for value, at in writer.acknowledged if at < lost_at - 10]
+    newest = [value for value, at in writer.acknowledged if at < lost_at]
+    assert len(older) > 100
+
+    reborn = new_namespace(kube, namespace_prefix(), "postgres-reborn")
+    try:
+        access, secret = archive_keys[-1]
+        storage(kube, reborn, "s3", archive_bucket, access_key=access, secret_key=secret)
+        location = base["manifest"].rsplit("/", 1)[0]
+        service = {"kind": "Postgres", "name": "demo"}
+        apply(kube, Backup, reborn, "base", {"service": service, "storage": "s3", "importFrom": location})
+        wait_phase(kube, Backup, reborn, "base", "Completed", timeout=60)
+        started = time.monotonic()
+        source = {"instance": "demo", "namespace": namespace, "storage": "s3"}
+        target = {"kind": "Postgres", "name": "demo", "spec": {"instances": 1}}
+        apply(kube, Restore, reborn, "latest", {"pointInTime": source, "target": target})
+        done = wait_phase(kube, Restore, reborn, "latest", "Completed", timeout=360)
+        took = time.monotonic() - started
+        assert done["pointInTime"]["target"] == "the newest point archived"
+        back = sql(kube, reborn, "demo", "select coalesce(max(value), 0) from ticks")
+        present = sql(kube, reborn, "demo", f"select count(*) from ticks where value <= {max(older)}")
+        assert present == len(older), (
+            f"{len(older) - present} rows committed over 10 s before the loss are gone"
+        )
+        lost_seconds = lost_at - dict(writer.acknowledged).get(back, lost_at)
+        print(
+            f"total loss: {len(newest)} rows acknowledged, {len(older)} over 10 s before the loss; restored "
+            f"through row {back} (the last {lost_seconds:.1f} s lost); Restore done in {took:.0f} s"
+        )
+    finally:
+        deleted_namespaces.delete(reborn)

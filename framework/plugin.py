@@ -248,6 +248,10 @@ class Backups(ABC):
     # stops the instance, takes the backup in an init container and answers in status (the
     # driver is then a `backup.driver.ReplacesInPlace`).
     restores_in_place: ClassVar[bool] = False
+    # The module of the service's continuous archive (`backup.point_in_time.Archive`, exposed
+    # as `ARCHIVE`): a Restore may then take `spec.pointInTime`, a bootstrap method's backup
+    # recovered to that point by the new instance's first pod. None: no point-in-time recovery.
+    point_in_time: ClassVar[str | None] = None
     # The spec fields of the smallest instance (a BackupPlan's restore tests make throwaways).
     throwaway_spec: ClassVar[dict[str, Any]]
 

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
-from pydantic import ConfigDict, Field
+from pydantic import AwareDatetime, ConfigDict, Field
 
 from framework.kube.model import QUANTITY_PATTERN, ApiModel, immutable
 
@@ -50,6 +51,61 @@ class BackupRef(ApiModel):
     name: str = Field(min_length=1, description="A Completed Backup in the same namespace.")
 
 
+ONE_TARGET = {
+    "x-kubernetes-validations": [
+        {
+            "rule": "(has(self.time) ? 1 : 0) + (has(self.lsn) ? 1 : 0) + (has(self.name) ? 1 : 0)"
+            " + (has(self.xid) ? 1 : 0) <= 1",
+            "message": "at most one of time, lsn, name and xid: none is the newest point archived",
+        }
+    ]
+}
+
+
+class RecoveryTarget(ApiModel):
+    """A point in the past of an instance that archives continuously: at most one of `time`,
+    `lsn`, `name`, `xid`; none is the newest point its archive holds."""
+
+    model_config = ConfigDict(json_schema_extra=ONE_TARGET)
+    time: AwareDatetime | None = Field(
+        default=None, description="A time with its zone (RFC 3339), e.g. 2026-12-04T18:00:00Z."
+    )
+    lsn: str | None = Field(
+        default=None,
+        pattern=r"^[0-9A-Fa-f]{1,8}/[0-9A-Fa-f]{1,8}$",
+        description="A WAL position, e.g. 0/5000060.",
+    )
+    name: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=63,
+        pattern=r"^[^\\[:cntrl:]]+$",
+        description="A restore point the service named (no backslash, no control character).",
+    )
+    xid: int | None = Field(
+        default=None, ge=3, description="A transaction id.", json_schema_extra={"format": "int64"}
+    )
+    inclusive: bool = Field(
+        default=True, description="Stop just after the target (true) or just before it (false)."
+    )
+
+    def describe(self) -> str:
+        if self.time is not None:
+            return f"time {self.time_text()}"
+        for field in ("lsn", "name", "xid"):
+            if getattr(self, field) is not None:
+                return f"{field} {getattr(self, field)}"
+        return "the newest point archived"
+
+    def time_text(self) -> str:
+        assert self.time is not None
+        return self.time.isoformat()
+
+    @property
+    def timestamp(self) -> float | None:
+        return None if self.time is None else datetime.timestamp(self.time)
+
+
 class BootstrapSpec(ApiModel):
     model_config = ConfigDict(
         json_schema_extra={
@@ -59,4 +115,8 @@ class BootstrapSpec(ApiModel):
     from_backup: BackupRef = Field(
         description="Start from this backup (a Restore with a new target sets it): a physical "
         "backup becomes the first pod's data; other kinds are restored once the instance runs."
+    )
+    point_in_time: RecoveryTarget | None = Field(
+        default=None,
+        description="Then recover to this point from the archive the Restore named (a physical backup only).",
     )

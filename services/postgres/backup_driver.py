@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import os
 import re
 import shutil
@@ -38,8 +39,10 @@ from backup.driver import (
 )
 from backup.manifest import Manifest, PhysicalPosition
 from backup.storage import CHUNK
+from framework.spec import RecoveryTarget
 from services.postgres import backup_in_place, backup_replace
 from services.postgres.backup_connection import SETTLE_SECONDS, connect, unreachable
+from services.postgres.point_in_time import recovery_settings
 
 # Roles every instance creates for itself: a restore keeps the target's own.
 SYSTEM_ROLES = frozenset({"postgres", "streaming_replica"})
@@ -314,6 +317,7 @@ def restore_database(name: str, chunks: Iterator[bytes], older: bool, clean: boo
 BASE_TAR = "base.tar.zst"
 PHYSICAL_COMPRESSION = "server-zstd:level=1,workers=2"
 RESTORED_MARK = "statefleet-restored"  # start.sh starts a server that has it as the new primary
+RECOVERY_MARK = "statefleet-recovery"  # ... after a recovery to a point (the wal-restore sidecar's cue)
 
 
 def replication_env() -> dict[str, str]:
@@ -404,9 +408,13 @@ class PostgresDriver(ReplacesOnline, BootstrapsPhysical, ReplacesInPlace):
             return f"{pgdata} holds a cluster already"
         return None
 
-    def bootstrap(self, manifest: Manifest, source: Source) -> dict[str, Any]:
+    def bootstrap(
+        self, manifest: Manifest, source: Source, point_in_time: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
         """A physical backup into this pod's empty data directory: extracted aside, then moved
-        into place only once the whole tar was read and its checksum matched."""
+        into place only once the whole tar was read and its checksum matched. With a point in
+        time, set to recover to it (start.sh runs the recovery, the wal-restore sidecar serves
+        the WAL)."""
         pgdata = Path(os.environ["PGDATA"])
         partial = pgdata.with_name(pgdata.name + ".restoring")
         shutil.rmtree(partial, ignore_errors=True)
@@ -419,11 +427,21 @@ class PostgresDriver(ReplacesOnline, BootstrapsPhysical, ReplacesInPlace):
             raise
         (partial / RESTORED_MARK).write_text(f"{manifest.namespace}/{manifest.backup}\n")
         (partial / "standby.signal").unlink(missing_ok=True)
+        if point_in_time is not None:
+            target = RecoveryTarget.model_validate(point_in_time["target"])
+            settings = "\n".join(["# statefleet recovery", *recovery_settings(target)]) + "\n"
+            with (partial / "postgresql.auto.conf").open("a") as auto:
+                auto.write(settings)
+            (partial / RECOVERY_MARK).write_text(json.dumps(point_in_time) + "\n")
+            (partial / "recovery.signal").touch()
         partial.chmod(0o700)
         if pgdata.exists():
             shutil.rmtree(pgdata)
         partial.rename(pgdata)
-        return {"restored": str(pgdata), "systemIdentifier": manifest.details.get("systemIdentifier")}
+        restored = {"restored": str(pgdata), "systemIdentifier": manifest.details.get("systemIdentifier")}
+        if point_in_time is not None:
+            restored["pointInTime"] = point_in_time
+        return restored
 
     def replace_in_place(
         self, mode: str, token: str, fetch: Callable[[], tuple[Manifest, Source]]

@@ -168,6 +168,7 @@ class PostgresBackups(Backups):
     bootstrap_methods = ("physical",)
     replaces_online = ("logical",)
     restores_in_place = True
+    point_in_time = "services.postgres.point_in_time"
     # A restore test's instance: one server, archiving nothing.
     throwaway_spec: ClassVar[dict[str, Any]] = {"instances": 1, "walArchive": None}
 

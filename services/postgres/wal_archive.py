@@ -214,26 +214,31 @@ def timeline_switches(history: str) -> list[tuple[int, int]]:
     return switches
 
 
-def missing_segments(archived: set[str], timeline: int, history: str, last: int) -> list[str]:
-    """The segments a recovery to segment `last` of `timeline` would ask for and not find,
-    from the oldest segment archived on this timeline's ancestry. `history`: the timeline's
-    history file ('' for timeline 1). Each segment is read from the newest timeline that had
-    begun by then: at a switch, the new timeline's segment, not the old one's `.partial`."""
+def timeline_starts(timeline: int, history: str) -> list[tuple[int, int]]:
+    """(timeline, its first segment) along `timeline`'s ancestry, oldest first: each begins in
+    the segment where its parent ended. `history`: the timeline's history file ('' for 1)."""
     switches = timeline_switches(history)
     chain = [parent for parent, _ in switches] + [timeline]
-    # (timeline, its first segment): each begins in the segment where its parent ended
-    starts = [(chain[0], 0)] + [
-        (chain[i + 1], ended // SEGMENT_SIZE) for i, (_, ended) in enumerate(switches)
-    ]
+    return [(chain[0], 0)] + [(chain[i + 1], ended // SEGMENT_SIZE) for i, (_, ended) in enumerate(switches)]
+
+
+def segment_on(starts: list[tuple[int, int]], segment: int) -> str:
+    """The name a recovery reads segment number `segment` by: from the newest timeline that
+    had begun by then (at a switch, the new timeline's segment, not the old one's `.partial`)."""
+    return segment_name([t for t, first in starts if first <= segment][-1], segment)
+
+
+def missing_segments(
+    archived: set[str], timeline: int, history: str, last: int, first: int | None = None
+) -> list[str]:
+    """The segments a recovery to segment `last` of `timeline` would ask for and not find,
+    from segment `first` (None: the oldest archived on this timeline's ancestry)."""
+    starts = timeline_starts(timeline, history)
     ours = {t for t, _ in starts}
     numbers = [
         segment_number(n) for n in archived if len(n) == 24 and SEGMENT.match(n) and int(n[:8], 16) in ours
     ]
-    if not numbers:
+    if first is None and not numbers:
         return [segment_name(timeline, last)]
-    missing = []
-    for segment in range(min(numbers), last + 1):
-        on = [t for t, first in starts if first <= segment][-1]
-        if segment_name(on, segment) not in archived:
-            missing.append(segment_name(on, segment))
-    return missing
+    begin = min(numbers) if first is None else first
+    return [segment_on(starts, s) for s in range(begin, last + 1) if segment_on(starts, s) not in archived]

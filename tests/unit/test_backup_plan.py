@@ -8,6 +8,7 @@ import pytest
 from pydantic import ValidationError
 
 from backup.plan import BackupPlanSpec, VerifySpec, backup_to_verify, build_verify_restore, plan_backups
+from backup.restore_plan import RestoreSpec
 from backup.retention import Candidate, RetentionSpec, to_prune
 from backup.schedule import Schedule, ScheduleError
 from framework.kube.jobs import job_name
@@ -207,3 +208,14 @@ def test_each_scheduled_test_of_one_backup_has_its_own_restore_and_throwaway() -
     assert len(jobs) == 4
     assert all(len(target) <= 40 for target in targets)  # RestoreTarget.name's limit
     assert again["spec"]["target"]["spec"] == {"instances": 1, "deletionPolicy": "Delete"}
+
+
+def test_the_restore_test_of_an_archived_instances_backup_replays_its_archive_to_the_newest_point() -> None:
+    plan = {"name": "nightly", "namespace": "apps"}
+    backup = {"metadata": {"name": "nightly-20261130-020000", "uid": "abcdef012345"}}
+    replayed = build_verify_restore(plan, SPEC, backup, replay_archive=True)
+    point = replayed["spec"]["pointInTime"]
+    assert point == {"instance": SPEC.service.name, "storage": SPEC.storage}  # no target: the newest
+    assert replayed["spec"]["backup"] == "nightly-20261130-020000"  # from this backup, not one chosen
+    RestoreSpec.model_validate(replayed["spec"])
+    assert "pointInTime" not in build_verify_restore(plan, SPEC, backup)["spec"]

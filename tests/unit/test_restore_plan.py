@@ -12,6 +12,7 @@ import pytest
 
 from backup import in_place
 from backup.job import DeleteJob, StartJob
+from backup.point_in_time import Reach, Unreachable
 from backup.restore import RestoreKind
 from backup.restore_plan import (
     ROLLBACK_RETRIES,
@@ -508,3 +509,65 @@ def test_the_status_schema_is_generated_from_the_status_model() -> None:
     assert dropped_fields({"rollingBack": {"reason": "X", "other": 1}}, STATUS_SCHEMA) == [
         "status.rollingBack.other"
     ]
+
+
+def point_in_time_view(reach: Any, **observed: Any) -> RestoreView:
+    spec = RestoreSpec.model_validate(
+        {
+            "pointInTime": {"instance": "demo", "time": "2026-12-04T12:00:00Z", "inclusive": False},
+            "target": {"kind": "Postgres", "name": "before"},
+        }
+    )
+    return RestoreView(
+        name="back", uid=UID, spec=spec, status=RestoreStatus(), now=NOW, reach=reach, **observed
+    )
+
+
+REACH = Reach(
+    backup="nightly",
+    archive="s3://backups/apps/apps/postgres/demo/wal",
+    reachableFrom="2026-12-04T02:00:00Z",
+    reachableTo="2026-12-04T12:10:00Z (LSN 0/9000000)",
+    target="time 2026-12-04T12:00:00+00:00",
+)
+
+
+def test_a_point_in_time_restore_chooses_its_backup_first_then_makes_a_recovering_instance() -> None:
+    first = point_in_time_view(REACH)
+    step = plan(first)
+    assert step.outcome.reason == "BackupChosen"
+    assert step.actions == ()
+    assert step.outcome.fields["pointInTime"]["backup"] == "nightly"
+    assert "2026-12-04T02:00:00Z to 2026-12-04T12:10:00Z" in step.outcome.message
+
+    chosen = then(first, step, reach=None, backup=backup("physical"), storage=S3)
+    step = plan(chosen)
+    (create,) = actions_of(step, CreateTarget)
+    assert create.body["spec"]["bootstrap"] == {
+        "fromBackup": {"name": "nightly"},
+        "pointInTime": {"time": "2026-12-04T12:00:00Z", "inclusive": False},
+    }
+    (secret,) = actions_of(step, WriteBootstrapSecret)
+    assert secret.request["pointInTime"] == {
+        "archive": "s3://backups/apps/apps/postgres/demo/wal",
+        "target": {"time": "2026-12-04T12:00:00Z", "inclusive": False},
+    }
+    # Once made, it goes as any physical restore: the instance's pods recover, a Job checks it.
+    ready = then(chosen, step, target=target(made_by_this=True))
+    (start,) = actions_of(plan(ready), StartJob)
+    assert start.request["action"] == "check"
+
+
+def test_a_point_the_archive_cannot_reach_fails_before_anything_is_made() -> None:
+    refused = Unreachable("spec.pointInTime.time", "2026-12-04T12:00:00+00:00 is past what the archive holds")
+    step = plan(point_in_time_view(refused))
+    assert step.outcome.fields["phase"] == "Failed"
+    assert step.outcome.reason == "TargetUnreachable"
+    assert step.outcome.message.startswith("spec.pointInTime.time: 2026-12-04T12:00:00+00:00 is past")
+    assert step.actions == ()
+    unread = plan(point_in_time_view(StorageError("AccessDenied", "the S3 server refused the credentials")))
+    assert unread.outcome.reason == "AccessDenied"
+    assert unread.outcome.fields["phase"] == "Pending"
+    taken = plan(point_in_time_view(REACH, target=target()))
+    assert taken.outcome.reason == "TargetExists"
+    assert taken.actions == ()
