@@ -5,8 +5,8 @@ One PostgreSQL server (this machine's, the Debian package) is backed up first
 (`pg_basebackup`), then writes `--wal-mb` of WAL with pgbench, which is archived once by each
 tool into the test bed's S3 server: by our `wal-archiver` (as the pods run it) and by
 `barman-cloud-wal-archive --zstd`. Each run copies the base backup and recovers it to the
-newest point archived (`recovery.signal`, `hot_standby = off`, so `pg_ctl start -w` returns
-once the server promoted itself): the clock is that start, the WAL fetched by
+newest point archived (`recovery.signal`): the clock runs from the start until the server
+says it is ready, once promoted; the WAL is fetched by
 
   ours    the `wal-restore` sidecar of our point-in-time instances
           (`python -m services.postgres.wal_restore`: 8 segments ahead, 4 at once) with the
@@ -207,18 +207,34 @@ def recover(source: Source, tool: str, run: int) -> dict[str, Any]:
             cwd=REPO,
             env=sidecar_env,
             stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
         )
+    failed = None
     try:
-        as_postgres(
-            str(postgres_bin() / "pg_ctl"), "-D", str(data), "-l", str(root / "log"),
-            "-w", "-t", "3600", "start", env=env,
-        )  # fmt: skip
+        try:
+            as_postgres(
+                str(postgres_bin() / "pg_ctl"), "-D", str(data), "-l", str(root / "log"),
+                "-w", "-t", "3600", "start", env=env,
+            )  # fmt: skip
+        except subprocess.CalledProcessError as error:
+            failed = error
+            raise
+        # pg_ctl -w counts a server that recovers without hot standby as started: the clock runs
+        # until it says it is ready, once promoted.
+        while "database system is ready to accept connections" not in (root / "log").read_text():
+            if "database system is shut down" in (root / "log").read_text():
+                raise RuntimeError(f"{tool}: the server stopped")
+            time.sleep(0.05)
         seconds = time.monotonic() - started
         peak = peak_memory(sidecar.pid) if sidecar else None
-        replayed = as_postgres(
-            str(postgres_bin() / "psql"), "-h", str(root), "-U", "postgres", "-Atqc",
-            "select pg_current_wal_lsn()",
-        ).stdout.strip()  # fmt: skip
+        try:
+            replayed = as_postgres(
+                str(postgres_bin() / "psql"), "-h", str(root), "-U", "postgres", "-Atqc",
+                "select pg_current_wal_lsn()",
+            ).stdout.strip()  # fmt: skip
+        except subprocess.CalledProcessError as error:
+            failed = error
+            raise
     finally:
         if sidecar:
             (data / RECOVERY_MARK).unlink(missing_ok=True)  # the sidecar's cue: recovery ended
@@ -242,6 +258,8 @@ def recover(source: Source, tool: str, run: int) -> dict[str, Any]:
             check=False,
         )
         log = (root / "log").read_text() if (root / "log").exists() else ""
+        if failed is not None:
+            print(f"{tool}: the server did not start ({failed.stderr.strip()}):\n{log[-3000:]}", flush=True)
         shutil.rmtree(root, ignore_errors=True)
     restored = log.count("restored log file")
     if "archive recovery complete" not in log:
