@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol, TypeVar
 
 from backup.manifest import Manifest, PhysicalPosition
-from backup.storage import StoredObject
+from backup.storage import S3Spec, StoredObject
 
 
 @dataclass
@@ -28,6 +28,20 @@ class Taken:
     version: str
     physical: PhysicalPosition | None = None
     details: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class WalArchive:
+    """The instance's continuous archive, in the backup's own storage: a physical backup may
+    leave the WAL it needs there (and check it is there) rather than carry it."""
+
+    client: Any
+    storage: S3Spec
+    prefix: str
+
+    @property
+    def location(self) -> str:
+        return f"s3://{self.storage.bucket}/{self.prefix}"
 
 
 class Sink(Protocol):
@@ -45,7 +59,9 @@ class Driver(ABC):
     methods: ClassVar[tuple[str, ...]]
 
     @abstractmethod
-    def backup(self, method: str, sink: Sink) -> Taken: ...
+    def backup(self, method: str, sink: Sink, archive: WalArchive | None = None) -> Taken:
+        """Streams a backup into `sink`. `archive`: the instance archives its WAL continuously
+        into this storage (a driver that has no use for it ignores it)."""
 
     @abstractmethod
     def restore(self, manifest: Manifest, source: Source) -> dict[str, Any]:
@@ -101,12 +117,17 @@ class ReplacesInPlace(Driver):
 
     @abstractmethod
     def replace_in_place(
-        self, mode: str, token: str, fetch: Callable[[], tuple[Manifest, Source]]
+        self,
+        mode: str,
+        token: str,
+        fetch: Callable[[], tuple[Manifest, Source]],
+        point_in_time: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         """In a pod of a stopped instance, before its server starts (`backup.in_place`): with
         mode restore, the pod that was the primary keeps its data aside and takes the backup
-        (`fetch` checks every object first), the others drop their copies; with mode rollback,
-        the data kept aside goes back. Idempotent per token."""
+        (`fetch` checks every object first), then recovers to `point_in_time` as `bootstrap`
+        says; the others drop their copies; with mode rollback, the data kept aside goes back.
+        Idempotent per token."""
 
     @abstractmethod
     def commit_in_place(self, token: str) -> dict[str, Any]:

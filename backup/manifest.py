@@ -44,6 +44,9 @@ class PhysicalPosition(BaseModel):
     timeline: int
     start_lsn: str = Field(alias="startLsn")
     end_lsn: str = Field(alias="endLsn")
+    # s3://bucket/prefix of the continuous archive that holds the WAL from start to end; None:
+    # the backup holds it itself.
+    archive: str | None = None
 
     model_config = {"populate_by_name": True}
 

@@ -21,14 +21,14 @@ from lightkube.core.exceptions import ApiError
 from lightkube.types import PatchType
 from pydantic import Field, field_validator
 
-from backup.point_in_time import Archive, base_backups, load_archive
+from backup.point_in_time import Archive, load_archive
 from backup.resources import COMPLETED, FAILED, backups_of, storage_client
 from backup.restore import RestoreKind
 from backup.restore_plan import RestoreStatus
 from backup.retention import Candidate, RetentionSpec, to_prune
 from backup.schedule import Schedule, ScheduleError
 from backup.storage import StorageError
-from backup.take import BackupKind
+from backup.take import BackupKind, base_backups
 from backup.take_plan import PRUNED_BY
 from framework.binding import ServiceRef
 from framework.kube import conditions

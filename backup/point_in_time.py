@@ -12,18 +12,12 @@ from __future__ import annotations
 import importlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
-from lightkube import AsyncClient
 from pydantic import Field
 
-from backup.resources import COMPLETED, BackupSpec, BackupStatus
 from backup.storage import S3Spec
-from backup.take import BackupKind
 from framework.kube.model import StatusModel
-from framework.kube.times import parse_time
-from framework.plugin import ServicePlugin
 from framework.spec import RecoveryTarget
 
 
@@ -74,6 +68,11 @@ class Archive(ABC):
         """The BackupStorage an instance's spec archives to (None: it does not archive)."""
 
     @abstractmethod
+    def not_archiving(self, instance: dict[str, Any]) -> str | None:
+        """Why the instance (its whole object) is not known to archive now, from its status;
+        None when its status says it does."""
+
+    @abstractmethod
     def observe(self, s3_api: Any, s3: S3Spec, prefix: str) -> Any:
         """What `reach` needs of the archive (a listing, timeline histories). Blocking: the
         operator calls it in a thread."""
@@ -90,43 +89,3 @@ class Archive(ABC):
 
 def load_archive(module: str) -> Archive:
     return importlib.import_module(module).ARCHIVE
-
-
-async def base_backups(
-    client: AsyncClient,
-    namespace: str,
-    plugin: ServicePlugin,
-    instance: str,
-    storage: str,
-    only: str | None = None,
-    leaving: frozenset[str] = frozenset(),
-) -> list[BaseBackup]:
-    """The completed backups of a bootstrap method (physical) of `instance` in `storage`, with
-    their WAL positions: the base backups a point-in-time recovery can start from (`only`: that
-    one alone); not those being deleted, nor those named in `leaving`."""
-    assert plugin.backups is not None
-    found = []
-    async for listed in client.list(BackupKind.resource(), namespace=namespace):
-        backup = listed.to_dict()
-        name = backup["metadata"]["name"]
-        spec = BackupSpec.model_validate(backup["spec"])
-        status = BackupStatus.model_validate(backup.get("status") or {})
-        physical = status.physical
-        if (
-            spec.service.kind != plugin.kind
-            or spec.service.name != instance
-            or spec.storage != storage
-            or (only and name != only)
-            or name in leaving
-            or backup["metadata"].get("deletionTimestamp")
-            or status.phase != COMPLETED
-            or status.method not in plugin.backups.bootstrap_methods
-            or physical is None
-            or not (physical.timeline and physical.start_lsn and physical.end_lsn)
-        ):
-            continue
-        completed = parse_time(status.completed_at) or datetime.now(UTC)
-        found.append(
-            BaseBackup(name, completed.timestamp(), physical.timeline, physical.start_lsn, physical.end_lsn)
-        )
-    return found

@@ -53,6 +53,10 @@ class PhysicalStatus(StatusModel):
     timeline: int | None = Field(default=None, json_schema_extra=INT64)
     start_lsn: str | None = None
     end_lsn: str | None = None
+    archive: str | None = Field(
+        default=None,
+        description="s3://bucket/prefix of the archive that holds its WAL (empty: the backup holds it)",
+    )
 
 
 class BackupStatus(StatusModel):

@@ -21,7 +21,7 @@ from lightkube.types import PatchType
 
 from backup import in_place
 from backup.job import DeleteJob, StartJob
-from backup.point_in_time import Reach, Unreachable, base_backups, load_archive
+from backup.point_in_time import Reach, Unreachable, load_archive
 from backup.resources import (
     COMPLETED,
     FAILED,
@@ -35,15 +35,17 @@ from backup.restore_plan import (
     Action,
     Ask,
     CreateTarget,
+    InPlaceStep,
     RestorePlanner,
     RestoreSpec,
     RestoreStatus,
     RestoreView,
     Step,
     WriteBootstrapSecret,
+    wal_archive_of,
 )
 from backup.storage import CREDENTIAL_KEYS, StorageError, explain
-from backup.take import BackupKind
+from backup.take import BackupKind, base_backups
 from framework.kube.api import get_or_none
 from framework.kube.jobs import job_name, observe_job, termination
 from framework.kube.meta import LABEL_INSTANCE, LABEL_NAME, owner_reference
@@ -113,7 +115,8 @@ class RestoreKind(JobKind):
         plugin = self.plugins.get(spec.target.kind)
         if spec.point_in_time is not None and status.point_in_time is None:
             target = plugin and await get_or_none(client, plugin.resource(), spec.target.name, namespace)
-            reach = await self.observe_archive(client, namespace, spec, plugin) if target is None else None
+            chooses = target is None or spec.target.replace  # else refused: it exists
+            reach = await self.observe_archive(client, namespace, spec, plugin) if chooses else None
             return replace(view, target=target or None, reach=reach)
         # A point-in-time Restore's backup is the one it chose (status.pointInTime.backup).
         name = spec.backup or (status.point_in_time.backup if status.point_in_time else None)
@@ -137,7 +140,10 @@ class RestoreKind(JobKind):
             made = (target["metadata"].get("annotations") or {}).get(
                 RESTORED_BY
             ) == f"{meta['name']}/{meta['uid']}"
-            recovering = made and spec.point_in_time is not None
+            # A server that replays an archive after the backup reports a failed recovery in its
+            # container's termination message: in an instance this Restore made, or in place.
+            replays = spec.point_in_time is not None or bool(wal_archive_of(backup))
+            recovering = replays and (made or status.in_place == InPlaceStep.RESTORE)
             failure = await bootstrap_failure(client, plugin, namespace, spec.target.name, recovering)
         return replace(
             view,

@@ -49,6 +49,8 @@ from framework.object_controller import Outcome, Ref
 from framework.plugin import ServicePlugin
 from framework.spec import ONE_TARGET, RecoveryTarget
 
+END_OF_BACKUP = RecoveryTarget(immediate=True)
+
 RESTORED_BY = "statefleet.dev/restored-by"  # annotation on an instance a Restore created
 ROLLBACK_RETRIES = 3  # a rollback Job's pod is run again this many times (10 s, 20 s, 40 s apart)
 
@@ -206,6 +208,16 @@ class RestoreView:
     def job(self, action: str) -> JobView:
         return self.jobs.get(action, NO_JOB)
 
+    @property
+    def wal_archive(self) -> str | None:
+        """Where the backup's WAL is, when not in the backup itself: its instance's archive."""
+        return wal_archive_of(self.backup)
+
+
+def wal_archive_of(backup: dict[str, Any] | None) -> str | None:
+    physical = ((backup or {}).get("status") or {}).get("physical") or {}
+    return physical.get("archive") or None
+
 
 # The actions of one pass, run in order by `backup.restore`.
 
@@ -331,14 +343,25 @@ class RestorePlanner:
     def bootstrap_secret(self) -> WriteBootstrapSecret:
         """What a new instance's pods read the backup with (kept once written); with a point in
         time, the archive they recover from and the target."""
-        more: dict[str, Any] = {"location": self.location_prefix()}
+        return WriteBootstrapSecret(self.bootstrap_request())
+
+    def bootstrap_request(self, **more: Any) -> dict[str, Any]:
+        """What the pods that take the backup read: where it is, and what they replay after."""
+        replay = self.replay()
+        if replay:
+            more["pointInTime"] = replay
+        return self.request("bootstrap", location=self.location_prefix(), **more)
+
+    def replay(self) -> dict[str, Any] | None:
+        """The archive the restored data recovers from, and to which point: spec.pointInTime's;
+        else, for a backup whose WAL its instance archived, its own end (where its data is
+        consistent); None for a backup that holds its WAL."""
         reach = self.status.point_in_time
         if self.spec.point_in_time is not None and reach is not None and reach.archive:
-            more["pointInTime"] = {
-                "archive": reach.archive,
-                "target": self.spec.point_in_time.target().to_api(),
-            }
-        return WriteBootstrapSecret(self.request("bootstrap", **more))
+            return {"archive": reach.archive, "target": self.spec.point_in_time.target().to_api()}
+        if self.view.wal_archive:
+            return {"archive": self.view.wal_archive, "target": END_OF_BACKUP.to_api()}
+        return None
 
     def target_not_ready(self, depends_on: frozenset[Ref]) -> Step:
         message = f"{self.instance} is not ready yet"
@@ -451,6 +474,8 @@ class RestorePlanner:
                     f"spec.backup: a {method} backup is not recovered to a point: name a physical one",
                 )
             target_spec["bootstrap"]["pointInTime"] = spec.point_in_time.target().to_api()
+        elif view.wal_archive:
+            target_spec["bootstrap"]["pointInTime"] = END_OF_BACKUP.to_api()
         body = {
             "apiVersion": API_VERSION,
             "kind": self.plugin.kind,
@@ -486,16 +511,11 @@ class RestorePlanner:
                 "PointInTimeUnsupported",
                 f"spec.pointInTime: a {spec.target.kind} is not recovered to a point",
             )
-        if spec.target.replace:
-            return self.failed(
-                "ReplaceRefused",
-                "spec.target.replace: a point-in-time recovery goes into a new instance (recovering over "
-                "an existing one is not built yet)",
-            )
-        if view.target is not None:
+        if view.target is not None and not spec.target.replace:
             return self.failed(
                 "TargetExists",
-                f"spec.target.name: {self.instance} exists: a point-in-time recovery makes a new instance",
+                f"spec.target.name: {self.instance} exists: recover into a new instance, or set "
+                "spec.target.replace to recover it in place",
             )
         reach = view.reach
         if isinstance(reach, Unreachable):
@@ -699,8 +719,7 @@ class RestorePlanner:
             # Claimed (now or on a pass that ended before its status was written): the request
             # for the pods, then the step recorded.
             secret = WriteBootstrapSecret(
-                self.request("bootstrap", location=self.location_prefix(), replace=self.token, verified=True),
-                replace=True,
+                self.bootstrap_request(replace=self.token, verified=True), replace=True
             )
             message = (
                 f"{self.instance} stops; its primary's data is kept aside (…before-{self.token}) and Backup "
@@ -731,6 +750,8 @@ class RestorePlanner:
             if ours.get("phase") == in_place.FAILED:
                 failure = (ours.get("reason") or "RestoreFailed", ours.get("message") or "the restore failed")
                 return self.roll_back_in_place(failure)
+            if view.bootstrap_failure and self.replay():  # its server could not recover to the point
+                return self.roll_back_in_place(view.bootstrap_failure)
             begun = parse_time(status.started_at)
             if begun and view.now - begun.timestamp() > DEFAULT_DEADLINE:
                 # A server that never starts on the restored data (or pods that never stop).
@@ -775,6 +796,12 @@ class RestorePlanner:
         message = (
             f"Backup {spec.backup} restored over {self.instance}, checked; what it held before is removed"
         )
+        reach = status.point_in_time
+        if reach is not None:
+            message = (
+                f"{self.instance} recovered in place to {reach.target} from Backup {spec.backup}, "
+                f"{reach.archive}; what it held before is removed"
+            )
         done = self.completed(message, result.get("details"))
         return Step(done.outcome, (Ask(None),))
 

@@ -33,6 +33,7 @@ from backup.driver import (
     ReplacesInPlace,
     ReplacesOnline,
     Source,
+    WalArchive,
     capability,
     load_driver,
 )
@@ -124,7 +125,8 @@ def take_backup(request: dict[str, Any], client: Any, spec: S3Spec) -> dict[str,
     driver = load_driver(request["driver"])
     progress = Progress()
     sink = S3Sink(client, spec, request["location"], progress)
-    taken = driver.backup(request["method"], sink)
+    archive = WalArchive(client, spec, request["archive"]) if request.get("archive") else None
+    taken = driver.backup(request["method"], sink, archive)
     manifest = Manifest(
         namespace=request["backup"]["namespace"],
         backup=request["backup"]["name"],
@@ -280,7 +282,7 @@ def bootstrap(request: dict[str, Any], client: Any, spec: S3Spec) -> dict[str, A
                 return manifest, streamed_source(client, spec, manifest)
             return manifest, verified_source(client, spec, manifest)
 
-        return in_place.replace_in_place(os.environ["RESTORE_MODE"], token, fetch)
+        return in_place.replace_in_place(os.environ["RESTORE_MODE"], token, fetch, request.get("pointInTime"))
     bootstrapping = capability(driver, BootstrapsPhysical, "a bootstrap")
     why_not = bootstrapping.bootstrap_wanted()
     if why_not:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import replace
+from datetime import UTC, datetime
 from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
@@ -14,6 +15,7 @@ from lightkube import AsyncClient
 
 from backup.job import DeleteJob, StartJob
 from backup.manifest import read_manifest
+from backup.point_in_time import BaseBackup
 from backup.resources import (
     COMPLETED,
     FAILED,
@@ -34,8 +36,9 @@ from backup.take_plan import (
 )
 from framework.kube.api import EventNote, get_or_none
 from framework.kube.jobs import job_name, observe_job
-from framework.kube.times import now_text
+from framework.kube.times import now_text, parse_time
 from framework.object_controller import Outcome
+from framework.plugin import ServicePlugin
 
 
 class BackupKind(JobKind):
@@ -149,3 +152,43 @@ def with_note(outcome: Outcome, note: str) -> Outcome:
     fields = {**outcome.fields, "message": message}
     events = tuple(EventNote(e.type, e.reason, message) for e in outcome.events)
     return replace(outcome, message=message, fields=fields, events=events)
+
+
+async def base_backups(
+    client: AsyncClient,
+    namespace: str,
+    plugin: ServicePlugin,
+    instance: str,
+    storage: str,
+    only: str | None = None,
+    leaving: frozenset[str] = frozenset(),
+) -> list[BaseBackup]:
+    """The completed backups of a bootstrap method (physical) of `instance` in `storage`, with
+    their WAL positions: the base backups a point-in-time recovery can start from (`only`: that
+    one alone); not those being deleted, nor those named in `leaving`."""
+    assert plugin.backups is not None
+    found = []
+    async for listed in client.list(BackupKind.resource(), namespace=namespace):
+        backup = listed.to_dict()
+        name = backup["metadata"]["name"]
+        spec = BackupSpec.model_validate(backup["spec"])
+        status = BackupStatus.model_validate(backup.get("status") or {})
+        physical = status.physical
+        if (
+            spec.service.kind != plugin.kind
+            or spec.service.name != instance
+            or spec.storage != storage
+            or (only and name != only)
+            or name in leaving
+            or backup["metadata"].get("deletionTimestamp")
+            or status.phase != COMPLETED
+            or status.method not in plugin.backups.bootstrap_methods
+            or physical is None
+            or not (physical.timeline and physical.start_lsn and physical.end_lsn)
+        ):
+            continue
+        completed = parse_time(status.completed_at) or datetime.now(UTC)
+        found.append(
+            BaseBackup(name, completed.timestamp(), physical.timeline, physical.start_lsn, physical.end_lsn)
+        )
+    return found

@@ -15,6 +15,7 @@ from typing import Any
 
 from backup.job import DeleteJob, StartJob
 from backup.manifest import Manifest, location, manifest_key
+from backup.point_in_time import Archive, load_archive
 from backup.resources import COMPLETED, FAILED, PENDING, RUNNING, BackupSpec, BackupStatus, ready_condition
 from backup.storage import S3Spec, StorageError
 from framework.kube.api import EventNote
@@ -199,6 +200,18 @@ def start(view: BackupView, plugin: ServicePlugin, method: str, now: str) -> Bac
         )
     s3 = view.storage
     where = location(s3.prefix, view.namespace, plugin.kind, spec.service.name, view.name, view.uid)
+    archive = wal_archive(plugin, method, view.instance.get("spec") or {}, spec.storage)
+    not_archiving = archive.not_archiving(view.instance) if archive else None
+    if not_archiving:
+        # The backup is complete only once its WAL is archived: it waits for archiving.
+        message = (
+            f"{instance} is not known to archive its WAL now ({not_archiving}), and this backup's WAL "
+            "goes there: it starts once it does"
+        )
+        fields = {"phase": PENDING}
+        return BackupStep(
+            Outcome(False, "WalNotArchiving", message, depends_on=waiting, retry_in=30, fields=fields)
+        )
     request = {
         "action": "backup",
         "driver": plugin.backups.driver,
@@ -209,6 +222,8 @@ def start(view: BackupView, plugin: ServicePlugin, method: str, now: str) -> Bac
         "service": {"kind": plugin.kind, "name": spec.service.name},
         "instanceSpec": view.instance.get("spec") or {},
     }
+    if archive is not None:
+        request["archive"] = archive.prefix(s3.prefix, view.namespace, spec.service.name)
     name = job_name(view.name, "backup")
     fields = {
         "phase": RUNNING,
@@ -228,6 +243,18 @@ def start(view: BackupView, plugin: ServicePlugin, method: str, now: str) -> Bac
         events=(EventNote("Normal", "Started", f"Job {name} takes a {method} backup"),),
     )
     return BackupStep(outcome, (StartJob("backup", request, deadline_seconds=spec.deadline_seconds),))
+
+
+def wal_archive(
+    plugin: ServicePlugin, method: str, instance_spec: dict[str, Any], storage: str
+) -> Archive | None:
+    """The service's continuous archive when a backup by `method` relies on it for its WAL: a
+    bootstrap method's, of an instance that archives into the backup's own storage."""
+    backups = plugin.backups
+    if backups is None or backups.point_in_time is None or method not in backups.bootstrap_methods:
+        return None
+    archive = load_archive(backups.point_in_time)
+    return archive if archive.storage_of(instance_spec) == storage else None
 
 
 def fail_and_clean_up(view: BackupView, reason: str, message: str, now: str) -> BackupStep:

@@ -661,15 +661,13 @@ def test_a_plan_backs_up_on_schedule_verifies_and_prunes(
 def test_a_restore_test_fails_loudly_on_a_tampered_backup(
     kube: Client, namespace: str, operator: OperatorProcess, bucket: str
 ) -> None:
-    # The instance archives its WAL to the plan's storage: retention covers the archive, and
-    # each restore test replays it from the backup to its newest point.
-    demo_with_storage(kube, namespace, bucket, "15", walArchive={"storage": "s3"})
+    demo_with_storage(kube, namespace, bucket, "15")
     seed(kube, namespace, "demo")
     plan = {
         "service": {"kind": "Postgres", "name": "demo"},
         "storage": "s3",
         "schedule": "* * * * *",
-        "method": "physical",
+        "method": "logical",
     }
     apply(kube, BackupPlan, namespace, "p", plan)
 

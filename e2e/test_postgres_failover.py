@@ -424,7 +424,7 @@ def test_the_archive_has_every_wal_file_across_failovers_and_catches_up_after_re
 
 
 def test_a_restore_to_a_point_in_time_undoes_a_drop_across_the_failovers(
-    kube: Client, namespace: str, instance: str
+    kube: Client, namespace: str, instance: str, archive_bucket: str
 ) -> None:
     """The archive and the base backup taken before the failovers bring a new instance back to
     the moment before a `DROP TABLE`: what was committed before it is there, the table too,
@@ -458,6 +458,11 @@ def test_a_restore_to_a_point_in_time_undoes_a_drop_across_the_failovers(
         "before-drop",
         {"pointInTime": {"instance": "demo", "time": point}, "target": target},
     )
+    # Meanwhile, the base backup alone: it holds no WAL (the archive does), so its new instance
+    # replays the archive to the backup's end, as it was then.
+    assert base["physical"]["archive"] == f"s3://{archive_bucket}/{archive_prefix('apps', namespace, 'demo')}"
+    as_taken = {"kind": "Postgres", "name": "demo-base", "spec": {"instances": 1}}
+    apply(kube, Restore, namespace, "as-taken", {"backup": "base", "target": as_taken})
     done = wait_phase(kube, Restore, namespace, "before-drop", "Completed", timeout=360)
     took = time.monotonic() - restored_at
     assert done["pointInTime"]["backup"] == "base"
@@ -466,6 +471,10 @@ def test_a_restore_to_a_point_in_time_undoes_a_drop_across_the_failovers(
     assert sql(kube, namespace, "demo-pitr", "select to_regclass('later') is null") is True
     timeline = sql(kube, namespace, "demo-pitr", "select pg_walfile_name(pg_current_wal_lsn())")
     assert int(timeline[:8], 16) > int(now_on[:8], 16), "the recovered instance is on a timeline of its own"
+    wait_phase(kube, Restore, namespace, "as-taken", "Completed", timeout=240)
+    assert sql(kube, namespace, "demo-base", "select count(*) from orders") == 100
+    for made in ("demo-pitr", "demo-base"):  # their pods' CPU goes to the steps that follow
+        kube.delete(Postgres, made, namespace=namespace)
 
     # Before the base backup: refused at once, naming the field and what can be reached.
     early = base["startedAt"].replace("Z", "+00:00")
@@ -482,7 +491,30 @@ def test_a_restore_to_a_point_in_time_undoes_a_drop_across_the_failovers(
     assert "is before the oldest base backup; reachable from" in refused["message"]
     with pytest.raises(ApiError):  # nothing was made
         kube.get(Postgres, "never", namespace=namespace)
-    print(f"point in time {point}, timeline {int(timeline[:8], 16)}; Restore Completed in {took:.0f} s")
+
+    # The same point over the instance itself, through the in-place machinery: its primary
+    # keeps its data aside, takes the base backup and replays the archive to the point; the
+    # standbys clone it. (Without spec.target.replace, the existing instance is refused.)
+    in_place_at = time.monotonic()
+    over = {"kind": "Postgres", "name": "demo", "replace": True}
+    apply(
+        kube,
+        Restore,
+        namespace,
+        "in-place",
+        {"pointInTime": {"instance": "demo", "time": point}, "target": over},
+    )
+    recovered = wait_phase(kube, Restore, namespace, "in-place", "Completed", timeout=420)
+    in_place_took = time.monotonic() - in_place_at
+    assert "recovered in place to time" in recovered["message"], recovered["message"]
+    assert query(kube, namespace, "demo-rw", "select count(*) from orders") == orders
+    assert query(kube, namespace, "demo-rw", "select count(*) from kept") == 50
+    assert query(kube, namespace, "demo-rw", "select to_regclass('later') is null") is True
+    wait_whole(kube, namespace)
+    print(
+        f"point in time {point}, timeline {int(timeline[:8], 16)}; Restore Completed in {took:.0f} s, "
+        f"in place in {in_place_took:.0f} s"
+    )
 
 
 def test_after_the_whole_namespace_is_lost_its_archive_brings_back_every_commit_older_than_10_s(

@@ -55,8 +55,8 @@ ONE_TARGET = {
     "x-kubernetes-validations": [
         {
             "rule": "(has(self.time) ? 1 : 0) + (has(self.lsn) ? 1 : 0) + (has(self.name) ? 1 : 0)"
-            " + (has(self.xid) ? 1 : 0) <= 1",
-            "message": "at most one of time, lsn, name and xid: none is the newest point archived",
+            " + (has(self.xid) ? 1 : 0) + (has(self.immediate) && self.immediate ? 1 : 0) <= 1",
+            "message": "at most one of time, lsn, name, xid and immediate: none is the newest point archived",
         }
     ]
 }
@@ -64,7 +64,7 @@ ONE_TARGET = {
 
 class RecoveryTarget(ApiModel):
     """A point in the past of an instance that archives continuously: at most one of `time`,
-    `lsn`, `name`, `xid`; none is the newest point its archive holds."""
+    `lsn`, `name`, `xid`, `immediate`; none is the newest point its archive holds."""
 
     model_config = ConfigDict(json_schema_extra=ONE_TARGET)
     time: AwareDatetime | None = Field(
@@ -85,6 +85,10 @@ class RecoveryTarget(ApiModel):
     xid: int | None = Field(
         default=None, ge=3, description="A transaction id.", json_schema_extra={"format": "int64"}
     )
+    immediate: bool | None = Field(
+        default=None,
+        description="true: the end of the base backup, the first point where its data is consistent.",
+    )
     inclusive: bool = Field(
         default=True, description="Stop just after the target (true) or just before it (false)."
     )
@@ -95,6 +99,8 @@ class RecoveryTarget(ApiModel):
         for field in ("lsn", "name", "xid"):
             if getattr(self, field) is not None:
                 return f"{field} {getattr(self, field)}"
+        if self.immediate:
+            return "the end of the base backup"
         return "the newest point archived"
 
     def time_text(self) -> str:

@@ -19,7 +19,7 @@ from bson.codec_options import CodecOptions
 from bson.raw_bson import RawBSONDocument
 from pymongo import MongoClient
 
-from backup.driver import CheckFailed, Driver, Sink, Source, Taken
+from backup.driver import CheckFailed, Driver, Sink, Source, Taken, WalArchive
 from backup.manifest import Manifest
 
 SYSTEM_DATABASES = frozenset({"admin", "local", "config"})
@@ -111,7 +111,7 @@ class MongoDBDriver(Driver):
 
     methods = ("dump",)
 
-    def backup(self, method: str, sink: Sink) -> Taken:
+    def backup(self, method: str, sink: Sink, archive: WalArchive | None = None) -> Taken:
         if method != "dump":
             raise DumpRefused(f"spec.method: MongoDB backs up its databases (dump), not {method}")
         with connect() as mongo:

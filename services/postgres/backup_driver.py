@@ -5,8 +5,10 @@ the catalog offers. The connection comes from the environment (PGHOST, PGPORT, P
 PGPASSWORD, PGSSLMODE; REPLICATION_USER and REPLICATION_PASSWORD for the physical kind).
 
 Logical: the roles (pg_dumpall --globals-only, without the instance's own system roles) and
-one pg_dump custom-format archive per database. Physical: one tar of the data directory with
-the WAL it needs (pg_basebackup -Ft -X fetch), restored by a new instance's first pod.
+one pg_dump custom-format archive per database. Physical: one tar of the data directory,
+restored by a new instance's first pod; its WAL is in the instance's continuous archive when
+that is in the backup's storage (pg_basebackup -X none, each segment read back), in the tar
+otherwise (-X fetch).
 """
 
 from __future__ import annotations
@@ -22,11 +24,13 @@ import tarfile
 import tempfile
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import psycopg
+from botocore.exceptions import ClientError
 
 from backup.driver import (
     BootstrapsPhysical,
@@ -36,13 +40,15 @@ from backup.driver import (
     Sink,
     Source,
     Taken,
+    WalArchive,
 )
 from backup.manifest import Manifest, PhysicalPosition
 from backup.storage import CHUNK
 from framework.spec import RecoveryTarget
 from services.postgres import backup_in_place, backup_replace
 from services.postgres.backup_connection import SETTLE_SECONDS, connect, unreachable
-from services.postgres.point_in_time import recovery_settings
+from services.postgres.point_in_time import RESTORE_SPOOL, WalDamaged, read_wal, recovery_settings
+from services.postgres.wal_archive import SEGMENT_SIZE, lsn_value, segment_name, wal_key
 
 # Roles every instance creates for itself: a restore keeps the target's own.
 SYSTEM_ROLES = frozenset({"postgres", "streaming_replica"})
@@ -69,6 +75,39 @@ def filter_globals(sql: str, skip: frozenset[str] = SYSTEM_ROLES) -> str:
 
 START = re.compile(r"start point: ([0-9A-F]+/[0-9A-F]+) on timeline (\d+)")
 END = re.compile(r"end point: ([0-9A-F]+/[0-9A-F]+)")
+
+
+HISTORY_FIELD = re.compile(
+    r"^(START WAL LOCATION|STOP WAL LOCATION|START TIMELINE|LABEL): (\S+)", re.MULTILINE
+)
+
+
+def parse_backup_history(text: str) -> PhysicalPosition:
+    """The positions in a backup history file (`<segment>.<offset>.backup`), which the server
+    writes at the end of every backup: pg_basebackup reports them only when it takes WAL."""
+    fields = dict(HISTORY_FIELD.findall(text))
+    missing = [f for f in ("START WAL LOCATION", "STOP WAL LOCATION", "START TIMELINE") if f not in fields]
+    if missing:
+        raise CommandFailed(f"the backup history file lacks {', '.join(missing)}: {text[:500]}")
+    return PhysicalPosition(
+        timeline=int(fields["START TIMELINE"]),
+        startLsn=fields["START WAL LOCATION"],
+        endLsn=fields["STOP WAL LOCATION"],
+    )
+
+
+def backup_history(label: str) -> tuple[str, str]:
+    """The name and text of the history file the server wrote for the backup labelled `label`
+    (it stays in pg_wal until the next backup ends)."""
+    with connect() as conn:
+        rows = conn.execute(
+            "SELECT name, pg_read_file('pg_wal/' || name, 0, 65536, true) FROM pg_ls_waldir()"
+            " WHERE name LIKE '%.backup'"
+        ).fetchall()
+    for name, text in rows:
+        if text and f"\nLABEL: {label}\n" in text:
+            return name, text
+    raise CommandFailed(f"the server holds no backup history file labelled {label} (did it fail over?)")
 
 
 def parse_basebackup_log(text: str) -> PhysicalPosition:
@@ -320,6 +359,43 @@ RESTORED_MARK = "statefleet-restored"  # start.sh starts a server that has it as
 RECOVERY_MARK = "statefleet-recovery"  # ... after a recovery to a point (the wal-restore sidecar's cue)
 
 
+class WalNotArchived(Exception):
+    pass
+
+
+def backup_segments(position: PhysicalPosition) -> list[str]:
+    """The WAL segments a physical backup needs to become consistent: from its start to its end."""
+    first = lsn_value(position.start_lsn) // SEGMENT_SIZE
+    last = (lsn_value(position.end_lsn) - 1) // SEGMENT_SIZE
+    return [segment_name(position.timeline, n) for n in range(first, max(first, last) + 1)]
+
+
+def check_archived(archive: WalArchive, position: PhysicalPosition, history: str, wait: float = 60.0) -> int:
+    """Every segment the backup needs, and its history file, are in the archive and read back
+    as they were stored (the server said so before it answered; a storage slow to show them
+    gets `wait` seconds). Returns how many segments."""
+    names = backup_segments(position)
+    deadline = time.monotonic() + wait
+    for name in [*names, history]:
+        key = wal_key(archive.prefix, name)
+        while True:
+            try:
+                data = read_wal(archive.client, archive.storage.bucket, key)
+                break
+            except ClientError as error:
+                if error.response.get("Error", {}).get("Code") not in ("NoSuchKey", "404"):
+                    raise
+                if time.monotonic() > deadline:
+                    raise WalNotArchived(
+                        f"{name}, which the backup needs, is not in the archive {archive.location}: "
+                        "the instance's ContinuousArchiving condition says why"
+                    ) from error
+                time.sleep(1)
+        if name != history and len(data) != SEGMENT_SIZE:
+            raise WalDamaged(f"{key}: {len(data)} bytes of WAL, not {SEGMENT_SIZE}")
+    return len(names)
+
+
 def replication_env() -> dict[str, str]:
     env = dict(os.environ)
     env["PGUSER"] = os.environ["REPLICATION_USER"]
@@ -333,18 +409,31 @@ class PostgresDriver(ReplacesOnline, BootstrapsPhysical, ReplacesInPlace):
 
     methods = ("logical", "physical")
 
-    def backup(self, method: str, sink: Sink) -> Taken:
+    def backup(self, method: str, sink: Sink, archive: WalArchive | None = None) -> Taken:
         version = server_version()
         if method == "physical":
+            # With the instance's archive in this storage, the WAL stays there: the server
+            # answers only once it archived the last segment the backup needs, and no WAL is
+            # fetched from pg_wal (which a long backup could outlast). Then each segment is read
+            # back and checked. Without: the tar carries its WAL.
+            wal = ["-X", "none"] if archive else ["-X", "fetch"]
+            label = f"statefleet-{uuid.uuid4().hex}"  # finds its history file
+            argv = ["pg_basebackup", "-D", "-", "-Ft", *wal, "-c", "fast", "--no-manifest", "-v", "-l", label]
             # Compressed by the server (zstd, fast level, two threads): a third of the bytes
             # through the network, the storage and its disks, as fast as sending them raw.
-            argv = ["pg_basebackup", "-D", "-", "-Ft", "-X", "fetch", "-c", "fast", "--no-manifest", "-v"]
             argv += ["--compress", PHYSICAL_COMPRESSION]
             identifier = system_identifier()
             tar = CommandOutput(argv, replication_env())
             sink.write_object(BASE_TAR, iter(tar))
-            details = {"systemIdentifier": identifier, "compression": "zstd"}
-            return Taken(version, physical=parse_basebackup_log(tar.log), details=details)
+            details: dict[str, Any] = {"systemIdentifier": identifier, "compression": "zstd"}
+            if archive:
+                history, text = backup_history(label)
+                position = parse_backup_history(text)
+                details["walSegments"] = check_archived(archive, position, history)
+                position = position.model_copy(update={"archive": archive.location})
+            else:
+                position = parse_basebackup_log(tar.log)
+            return Taken(version, physical=position, details=details)
         roles = b"".join(CommandOutput(["pg_dumpall", "--globals-only", "--no-tablespaces"]))
         sink.write_object("globals.sql", iter([filter_globals(roles.decode()).encode()]))
         listed = []
@@ -428,6 +517,8 @@ class PostgresDriver(ReplacesOnline, BootstrapsPhysical, ReplacesInPlace):
         (partial / RESTORED_MARK).write_text(f"{manifest.namespace}/{manifest.backup}\n")
         (partial / "standby.signal").unlink(missing_ok=True)
         if point_in_time is not None:
+            # What an earlier recovery left in the spool (a `missing` word) would mislead this one.
+            shutil.rmtree(pgdata.parent / Path(RESTORE_SPOOL).name, ignore_errors=True)
             target = RecoveryTarget.model_validate(point_in_time["target"])
             settings = "\n".join(["# statefleet recovery", *recovery_settings(target)]) + "\n"
             with (partial / "postgresql.auto.conf").open("a") as auto:
@@ -444,9 +535,16 @@ class PostgresDriver(ReplacesOnline, BootstrapsPhysical, ReplacesInPlace):
         return restored
 
     def replace_in_place(
-        self, mode: str, token: str, fetch: Callable[[], tuple[Manifest, Source]]
+        self,
+        mode: str,
+        token: str,
+        fetch: Callable[[], tuple[Manifest, Source]],
+        point_in_time: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
-        return backup_in_place.replace_in_place(mode, token, fetch, self.bootstrap)
+        def take(manifest: Manifest, source: Source) -> dict[str, Any]:
+            return self.bootstrap(manifest, source, point_in_time)
+
+        return backup_in_place.replace_in_place(mode, token, fetch, take)
 
     def commit_in_place(self, token: str) -> dict[str, Any]:
         return backup_in_place.commit_in_place(token)

@@ -264,6 +264,10 @@ class PostgresPlugin(ServicePlugin):
         return {
             "replicas": 0 if restoring.stopped else replicas,
             "in_place": restoring.init_env,
+            # A pod that takes a physical backup may then replay WAL from an archive (a point in
+            # time, or a backup that left its WAL there): the wal-restore sidecar serves it.
+            "replays_archive": bool(spec.bootstrap and spec.bootstrap.point_in_time)
+            or bool(restoring.init_env),
             # Which restore step the pod template is for: read back from the StatefulSet.
             "in_place_annotations": {POD_ANNOTATION: pod_annotation(restoring.init_env)}
             if restoring.init_env

@@ -10,6 +10,7 @@ what the storage recorded when each file was stored: a file's WAL is older than 
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -18,8 +19,10 @@ import zstandard
 
 from backup.point_in_time import Archive, BaseBackup, Reach, Unreachable
 from backup.storage import S3Spec, delete_keys
+from framework.kube import conditions
 from framework.spec import RecoveryTarget
 from services.postgres.wal_archive import (
+    CONDITION,
     HISTORY,
     SEGMENT,
     SEGMENT_SIZE,
@@ -122,7 +125,16 @@ def reach(listing: ArchiveListing, backups: list[BaseBackup], target: RecoveryTa
         return Unreachable(
             "spec.pointInTime.lsn", f"{target.lsn} is past what the archive holds{gap}; {text}"
         )
-    if missing and target.time is None and target.lsn is None:
+    if target.immediate:
+        last = (lsn_value(chosen.end_lsn) - 1) // SEGMENT_SIZE
+        short = [n for n in missing if segment_number(n) <= last]
+        if short:
+            return Unreachable(
+                "spec.pointInTime.immediate",
+                f"{short[0]} is missing from the archive: Backup {chosen.name} never becomes "
+                f"consistent; {text}",
+            )
+    elif missing and target.time is None and target.lsn is None:
         # Where a name, a transaction or the newest point lies is not known before replay: a
         # gap would end the recovery short of it, silently.
         return Unreachable(
@@ -140,7 +152,16 @@ def reach(listing: ArchiveListing, backups: list[BaseBackup], target: RecoveryTa
 
 def recovery_settings(target: RecoveryTarget) -> list[str]:
     """postgresql.auto.conf lines of the first pod's recovery: WAL from the sidecar, the
-    newest timeline, promoted at the target (none: at the end of the archive)."""
+    newest timeline, promoted at the target (none: at the end of the archive; immediate: as
+    soon as the base backup is consistent, on its own timeline)."""
+    if target.immediate:
+        # The base backup's own timeline: a later one need not descend from it.
+        return [
+            'restore_command = \'bash /etc/statefleet/restore-wal.sh "%f" "%p"\'',
+            "recovery_target = 'immediate'",
+            "recovery_target_timeline = 'current'",
+            "recovery_target_action = 'promote'",
+        ]
     lines = [
         'restore_command = \'bash /etc/statefleet/restore-wal.sh "%f" "%p"\'',
         "recovery_target_timeline = 'latest'",
@@ -190,9 +211,18 @@ def list_archive(s3_api: Any, s3: S3Spec, prefix: str) -> dict[str, tuple[str, f
     return found
 
 
-def read_file(s3_api: Any, s3: S3Spec, key: str) -> bytes:
-    body = s3_api.get_object(Bucket=s3.bucket, Key=key)["Body"].read()
-    return zstandard.ZstdDecompressor().decompressobj().decompress(body)
+class WalDamaged(Exception):
+    """An archived WAL file whose content is not what the archiver stored."""
+
+
+def read_wal(s3_api: Any, bucket: str, key: str) -> bytes:
+    """An archived WAL file, decompressed and checked against the sha256 it was stored with."""
+    response = s3_api.get_object(Bucket=bucket, Key=key)
+    data = zstandard.ZstdDecompressor().decompressobj().decompress(response["Body"].read())
+    expected = (response.get("Metadata") or {}).get("wal-sha256")
+    if expected and hashlib.sha256(data).hexdigest() != expected:
+        raise WalDamaged(f"{key}: the sha256 of its WAL is not the one it was stored with")
+    return data
 
 
 class PostgresArchive(Archive):
@@ -202,10 +232,18 @@ class PostgresArchive(Archive):
     def storage_of(self, instance_spec: dict[str, Any]) -> str | None:
         return (instance_spec.get("walArchive") or {}).get("storage")
 
+    def not_archiving(self, instance: dict[str, Any]) -> str | None:
+        found = conditions.find((instance.get("status") or {}).get("conditions"), CONDITION)
+        if found is None:
+            return f"no {CONDITION} condition yet"
+        if found.get("status") != "True":
+            return f"{CONDITION} {found.get('status')} {found.get('reason')}: {found.get('message')}"
+        return None
+
     def observe(self, s3_api: Any, s3: S3Spec, prefix: str) -> ArchiveListing:
         found = list_archive(s3_api, s3, prefix)
         histories = {
-            int(name[:8], 16): read_file(s3_api, s3, key).decode()
+            int(name[:8], 16): read_wal(s3_api, s3.bucket, key).decode()
             for name, (key, _) in found.items()
             if HISTORY.match(name)
         }

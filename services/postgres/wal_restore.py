@@ -1,6 +1,7 @@
-"""The `wal-restore` sidecar of a Postgres made by a point-in-time Restore
-(`python -m services.postgres.wal_restore`): while its first pod's server recovers, it hands
-the server the WAL files it asks for from the archive, and fetches the next ones ahead.
+"""The `wal-restore` sidecar of a Postgres whose pod takes a physical backup and replays WAL
+after it (a point-in-time Restore; a backup whose WAL its instance archived; in a new instance
+or in place) (`python -m services.postgres.wal_restore`): while that pod's server recovers, it
+hands the server the WAL files it asks for from the archive, and fetches the next ones ahead.
 
 The server's `restore_command` (`restore-wal.sh`) leaves a wish, `<spool>/want/<file>`, and
 waits; the sidecar puts the file, decompressed and checked against its sha256, at
@@ -19,7 +20,6 @@ Configuration: PGDATA; POD_NAME; STATEFLEET_BACKUP_REQUEST (the bootstrap Secret
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import logging
 import os
@@ -29,11 +29,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import zstandard
-
 from backup.storage import S3Spec, s3_client
 from services.postgres.backup_driver import RECOVERY_MARK
-from services.postgres.point_in_time import RESTORE_SPOOL, list_archive
+from services.postgres.point_in_time import RESTORE_SPOOL, list_archive, read_wal
 from services.postgres.wal_archive import SEGMENT, segment_number, segment_on, timeline_starts
 from services.postgres.wal_archiver import JsonLines
 
@@ -77,12 +75,7 @@ class Restorer:
         self.starts = timeline_starts(newest, text)
 
     def fetch_bytes(self, name: str) -> bytes:
-        response = self.client.get_object(Bucket=self.spec.bucket, Key=self.listing[name])
-        data = zstandard.ZstdDecompressor().decompressobj().decompress(response["Body"].read())
-        expected = (response.get("Metadata") or {}).get("wal-sha256")
-        if expected and hashlib.sha256(data).hexdigest() != expected:
-            raise ValueError(f"{self.listing[name]}: the sha256 of its WAL is not the one it was stored with")
-        return data
+        return read_wal(self.client, self.spec.bucket, self.listing[name])
 
     def fetch(self, name: str) -> None:
         data = self.fetch_bytes(name)

@@ -14,7 +14,7 @@ from typing import Any
 
 import httpx2
 
-from backup.driver import CheckFailed, Driver, Sink, Source, Taken
+from backup.driver import CheckFailed, Driver, Sink, Source, Taken, WalArchive
 from backup.manifest import Manifest
 
 DEFINITIONS = "definitions.json"
@@ -79,7 +79,7 @@ class RabbitMQDriver(Driver):
 
     methods = ("definitions",)
 
-    def backup(self, method: str, sink: Sink) -> Taken:
+    def backup(self, method: str, sink: Sink, archive: WalArchive | None = None) -> Taken:
         if method != "definitions":
             raise DefinitionsRefused(f"spec.method: RabbitMQ backs up its definitions, not {method}")
         version = api("GET", "overview").json().get("rabbitmq_version", "")

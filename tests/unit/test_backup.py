@@ -23,7 +23,9 @@ from services.postgres import PLUGIN as POSTGRES
 from services.postgres.backup_driver import (
     CommandFailed,
     ScriptFilter,
+    backup_segments,
     filter_globals,
+    parse_backup_history,
     parse_basebackup_log,
 )
 from services.postgres.backup_replace import ReplaceState, aside_name, parse_state, under_way
@@ -128,6 +130,23 @@ def test_wal_positions_come_from_pg_basebackups_report() -> None:
     assert (position.timeline, position.start_lsn, position.end_lsn) == (3, "0/5000028", "0/5000138")
     with pytest.raises(CommandFailed, match="WAL positions"):
         parse_basebackup_log("pg_basebackup: error: connection refused")
+
+
+def test_without_wal_the_positions_come_from_the_servers_backup_history_file() -> None:
+    # What PostgreSQL 15 wrote for `pg_basebackup -X none -l statefleet-abc` (which reports no
+    # positions then: its log says only "all required WAL segments have been archived").
+    history = (
+        "START WAL LOCATION: 0/2000028 (file 000000030000000000000002)\n"
+        "STOP WAL LOCATION: 0/3000100 (file 000000030000000000000003)\n"
+        "CHECKPOINT LOCATION: 0/2000060\nBACKUP METHOD: streamed\nBACKUP FROM: primary\n"
+        "START TIME: 2026-12-05 05:14:06 UTC\nLABEL: statefleet-abc\nSTART TIMELINE: 3\n"
+        "STOP TIME: 2026-12-05 05:14:06 UTC\nSTOP TIMELINE: 3\n"
+    )
+    position = parse_backup_history(history)
+    assert (position.timeline, position.start_lsn, position.end_lsn) == (3, "0/2000028", "0/3000100")
+    assert backup_segments(position) == ["000000030000000000000002", "000000030000000000000003"]
+    with pytest.raises(CommandFailed, match="STOP WAL LOCATION"):
+        parse_backup_history(history.replace("STOP WAL", "SOME WAL"))
 
 
 def test_the_job_runs_once_with_the_storage_keys_from_their_secret() -> None:

@@ -94,6 +94,38 @@ def test_a_backup_starts_once_its_storage_answers_and_its_instance_is_ready() ->
     assert step.outcome.fields["location"] == "s3://backups/apps/apps/postgres/demo/nightly-0a1b2c3d"
 
 
+def test_a_physical_backup_leaves_its_wal_to_the_archive_only_when_that_is_in_its_own_storage() -> None:
+    archiving = {"type": "ContinuousArchiving", "status": "True", "reason": "Archiving", "message": "ok"}
+    conditions = [*READY["status"]["conditions"], archiving]
+
+    def request(method: str | None, wal_storage: str | None) -> dict[str, Any]:
+        spec = {**READY["spec"], "walArchive": {"storage": wal_storage} if wal_storage else None}
+        (start,) = plan(
+            view(method=method, instance={"spec": spec, "status": {"conditions": conditions}})
+        ).actions
+        assert isinstance(start, StartJob)
+        return start.request
+
+    assert request("physical", "s3")["archive"] == "apps/apps/postgres/demo/wal"
+    assert "archive" not in request("physical", "elsewhere")  # its WAL goes in the tar
+    assert "archive" not in request("physical", None)
+    assert "archive" not in request("logical", "s3")
+    # While the instance is not known to archive, a backup that relies on its archive waits.
+    failing = {"type": "ContinuousArchiving", "status": "False", "reason": "ArchiveFailing", "message": "403"}
+    stuck = {
+        "spec": {**READY["spec"], "walArchive": {"storage": "s3"}},
+        "status": {"conditions": [*READY["status"]["conditions"], failing]},
+    }
+    waiting = plan(view(method="physical", instance=stuck))
+    assert (waiting.outcome.reason, waiting.outcome.fields, waiting.actions) == (
+        "WalNotArchiving",
+        {"phase": "Pending"},
+        (),
+    )
+    assert "ContinuousArchiving False ArchiveFailing: 403" in waiting.outcome.message
+    assert plan(view(method="logical", instance=stuck)).actions  # a logical one needs no archive
+
+
 def test_a_backup_of_a_service_without_backups_or_of_a_method_it_has_not_fails_naming_the_field() -> None:
     unknown = plan(view(kind="Redis"))
     assert unknown.outcome.fields["phase"] == "Failed"

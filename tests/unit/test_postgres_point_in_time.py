@@ -249,3 +249,21 @@ def test_retention_deletes_the_wal_before_the_oldest_kept_backup_and_never_a_his
     labels = [f"{segment_name(1, 2)}.00000028.backup", f"{segment_name(1, 2)}.partial", "00000002.history"]
     assert not_needed(labels, kept) == labels[:2]
     assert not_needed(names, []) == []  # no backup left: nothing is known to be unneeded
+
+
+def test_the_end_of_a_base_backup_needs_only_its_own_wal_on_its_own_timeline() -> None:
+    # A gap after wednesday's end does not matter: the recovery stops where it is consistent.
+    chosen = reach(archive(skip=8), BACKUPS, RecoveryTarget(immediate=True))
+    assert isinstance(chosen, Reach), chosen
+    assert (chosen.backup, chosen.target) == ("wednesday", "the end of the base backup")
+    assert recovery_settings(RecoveryTarget(immediate=True))[1:3] == [
+        "recovery_target = 'immediate'",
+        "recovery_target_timeline = 'current'",
+    ]
+    # Its own segment missing: it never becomes consistent, refused before anything is made.
+    short = reach(archive(skip=6), BACKUPS, RecoveryTarget(immediate=True))
+    assert isinstance(short, Unreachable)
+    assert short.field == "spec.pointInTime.immediate"
+    assert f"{segment_name(2, 6)} is missing" in short.message
+    rule = RecoveryTarget.model_json_schema()["x-kubernetes-validations"][0]["rule"]
+    assert "self.immediate" in rule

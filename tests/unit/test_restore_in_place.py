@@ -205,6 +205,11 @@ def test_the_plugin_renders_zero_replicas_and_the_init_container() -> None:
     env = {e["name"]: e.get("value") for e in init["env"]}
     assert {k: env[k] for k in ENV} == ENV
     assert init["image"] == "statefleet:1"
+    # The pod that takes the backup may replay an archive after it: the sidecar that serves it.
+    sidecar = sts["template"]["spec"]["initContainers"][1]
+    assert (sidecar["name"], sidecar["restartPolicy"]) == ("wal-restore", "Always")
+    config = next(c for c in planned.children if c["kind"] == "ConfigMap")
+    assert "restore-wal.sh" in config["data"]
     assert sts["template"]["metadata"]["annotations"][POD_ANNOTATION] == f"{TOKEN}/restore/demo-1"
     assert planned.status[in_place.STATUS_FIELD]["phase"] == in_place.STOPPING
     assert not planned.operations.actions

@@ -190,6 +190,48 @@ def test_a_physical_backup_is_the_new_instances_data_and_a_job_checks_it() -> No
     assert start.request["check"] == {}
 
 
+def archived_backup() -> dict[str, Any]:
+    """A physical backup whose WAL its instance archived (none in the backup itself)."""
+    body = backup("physical")
+    archive = "s3://backups/apps/apps/postgres/demo/wal"
+    body["status"]["physical"] = {
+        "timeline": 2,
+        "startLsn": "0/5000028",
+        "endLsn": "0/5000100",
+        "archive": archive,
+    }
+    return body
+
+
+def test_a_backup_whose_wal_is_in_the_archive_is_replayed_to_its_end_in_a_new_instance_or_in_place() -> None:
+    step = plan(view(backup=archived_backup()))
+    (create,) = actions_of(step, CreateTarget)
+    assert create.body["spec"]["bootstrap"] == {
+        "fromBackup": {"name": "nightly"},
+        "pointInTime": {"immediate": True, "inclusive": True},
+    }
+    (secret,) = actions_of(step, WriteBootstrapSecret)
+    assert secret.request["pointInTime"] == {
+        "archive": "s3://backups/apps/apps/postgres/demo/wal",
+        "target": {"immediate": True, "inclusive": True},
+    }
+    # Over the running instance too: its pod that takes the backup replays it the same way.
+    verified = view(
+        replace_it=True,
+        backup=archived_backup(),
+        target=target(),
+        jobs={
+            "verify": job(
+                "Succeeded", result={"details": {"location": "apps/apps/postgres/demo/nightly-01234567"}}
+            )
+        },
+    )
+    _, in_place_secret = plan(verified).actions
+    assert isinstance(in_place_secret, WriteBootstrapSecret)
+    assert in_place_secret.request["pointInTime"] == secret.request["pointInTime"]
+    assert in_place_secret.request["replace"] == TOKEN
+
+
 def test_a_new_instance_whose_restore_init_container_failed_fails_the_restore_with_its_reason() -> None:
     failing = view(
         backup=backup("physical"),
@@ -432,6 +474,17 @@ def test_a_physical_restore_that_never_serves_is_rolled_back_after_the_deadline(
     assert step.outcome.fields["rollingBack"]["reason"] == "DeadlineExceeded"
 
 
+def test_a_server_that_cannot_recover_in_place_to_the_point_is_rolled_back_at_once() -> None:
+    starting = answered(asked(target(ready=False), "restore"), "restore", "Starting")
+    failed = ("RecoveryFailed", "the recovery to the point failed: FATAL: recovery ended before the target")
+    replaying = replace(in_place_at("restore", starting, bootstrap_failure=failed), backup=archived_backup())
+    step = plan(replaying)
+    assert step.outcome.fields["inPlace"] == "rollback"
+    assert step.outcome.fields["rollingBack"]["reason"] == "RecoveryFailed"
+    # A backup that holds its WAL replays nothing: only the instance's own record tells.
+    assert plan(in_place_at("restore", starting, bootstrap_failure=failed)).outcome.reason == "Starting"
+
+
 def test_a_check_job_lost_or_failed_rolls_the_instance_back() -> None:
     restored = answered(asked(target(), "restore"), "restore", "Restored")
     assert plan(in_place_at("check", restored)).outcome.fields["rollingBack"]["reason"] == "JobLost"
@@ -571,3 +624,36 @@ def test_a_point_the_archive_cannot_reach_fails_before_anything_is_made() -> Non
     taken = plan(point_in_time_view(REACH, target=target()))
     assert taken.outcome.reason == "TargetExists"
     assert taken.actions == ()
+
+
+def test_a_point_in_time_restore_recovers_an_existing_instance_in_place_only_when_asked() -> None:
+    spec = RestoreSpec.model_validate(
+        {
+            "pointInTime": {"instance": "demo", "time": "2026-12-04T12:00:00Z", "inclusive": False},
+            "target": {"kind": "Postgres", "name": "demo", "replace": True},
+        }
+    )
+    first = RestoreView(
+        name="back", uid=UID, spec=spec, status=RestoreStatus(), now=NOW, reach=REACH, target=target()
+    )
+    step = plan(first)
+    assert step.outcome.reason == "BackupChosen"
+    chosen = then(
+        first,
+        step,
+        reach=None,
+        backup=backup("physical"),
+        storage=S3,
+        jobs={
+            "verify": job(
+                "Succeeded", result={"details": {"location": "apps/apps/postgres/demo/nightly-01234567"}}
+            )
+        },
+    )
+    claim, secret = plan(chosen).actions
+    assert isinstance(claim, Ask)
+    assert isinstance(secret, WriteBootstrapSecret)
+    assert secret.request["pointInTime"] == {
+        "archive": "s3://backups/apps/apps/postgres/demo/wal",
+        "target": {"time": "2026-12-04T12:00:00Z", "inclusive": False},
+    }
