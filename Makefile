@@ -88,3 +88,4 @@ bench: testbed-up ## benchmarks (figures and ratios against a baseline measured 
 	$(PY) -m e2e.bench.rollout_fleet --replicas 1000 --native-replicas 20 --delay 5
 	$(PY) -m e2e.bench.wal_archive --wal-mb 1024 --repeats 3
 	$(PY) -m e2e.bench.wal_restore --wal-mb 1024 --repeats 3 --local
+	$(PY) -m e2e.bench.base_backup --size-mb 1024 --repeats 3
