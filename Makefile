@@ -82,8 +82,8 @@ test: lint unit e2e ## every test: lint, unit, then integration and e2e on the t
 .PHONY: bench
 bench: testbed-up ## benchmarks (figures and ratios against a baseline measured in the same run)
 	@# The WAL archiving and restore benchmarks run a PostgreSQL server of the host's (Debian's package).
-	@dpkg-query -W postgresql >/dev/null 2>&1 || \
-	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends postgresql >/dev/null)
+	@dpkg-query -W postgresql pgbackrest >/dev/null 2>&1 || \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends postgresql pgbackrest >/dev/null)
 	$(PY) -m e2e.bench.postgres_fleet --count 200 --rss-count 500
 	$(PY) -m e2e.bench.rollout_fleet --replicas 1000 --native-replicas 20 --delay 5
 	$(PY) -m e2e.bench.wal_archive --wal-mb 1024 --repeats 3

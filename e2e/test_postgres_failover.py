@@ -510,7 +510,17 @@ def test_a_restore_to_a_point_in_time_undoes_a_drop_across_the_failovers(
     assert query(kube, namespace, "demo-rw", "select count(*) from orders") == orders
     assert query(kube, namespace, "demo-rw", "select count(*) from kept") == 50
     assert query(kube, namespace, "demo-rw", "select to_regclass('later') is null") is True
-    wait_whole(kube, namespace)
+    # Every instance back (three, or two after the scale-down step), its standbys streaming
+    # from the recovered primary.
+    count = kube.get(Postgres, "demo", namespace=namespace).to_dict()["spec"]["instances"]
+    wait_ready(kube, namespace, "demo", count)
+    streaming = "select count(*) from pg_stat_replication where state = 'streaming'"
+    wait_until(
+        "every standby streaming from the recovered primary",
+        lambda: query(kube, namespace, "demo-rw", streaming) == count - 1,
+        timeout=120,
+        interval=1,
+    )
     print(
         f"point in time {point}, timeline {int(timeline[:8], 16)}; Restore Completed in {took:.0f} s, "
         f"in place in {in_place_took:.0f} s"

@@ -45,6 +45,10 @@ ETCD_PEER_PORT=2380
 S3_PORT=9000
 S3_ENDPOINT=http://$NODE_IP:$S3_PORT
 S3_ENV=$TB/s3.env # S3_ENDPOINT, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY
+# The same store over TLS (the test bed's CA), for clients that speak S3 only over HTTPS
+# (pgBackRest before 2.58, in the benchmarks); its certificate names NODE_IP and localhost.
+S3_TLS_PORT=9443
+S3_TLS_ENV=$TB/s3-tls.env # S3_TLS_ENDPOINT, S3_CA_FILE
 
 CONTAINERD_SOCK=$RUN/containerd.sock
 CTR=(ctr --address "$CONTAINERD_SOCK" --namespace k8s.io)

@@ -246,8 +246,13 @@ mkdir -p "$TB/s3/data" "$TB/s3/iam"
   # Its own users (tests make and revoke keys: e2e/s3.py), a revoked key refused at once.
   start_daemon s3 "$S3_BIN/versitygw" --port "$NODE_IP:$S3_PORT" --region us-east-1 \
     --iam-dir "$TB/s3/iam" --iam-cache-disable posix "$TB/s3/data"
+  start_daemon s3-tls "$S3_BIN/versitygw" --port "$NODE_IP:$S3_TLS_PORT" --region us-east-1 \
+    --cert "$PKI/s3-server.crt" --key "$PKI/s3-server.key" \
+    --iam-dir "$TB/s3/iam" --iam-cache-disable posix "$TB/s3/data"
 )
+printf 'S3_TLS_ENDPOINT=https://%s:%s\nS3_CA_FILE=%s\n' "$NODE_IP" "$S3_TLS_PORT" "$PKI/ca.crt" >"$S3_TLS_ENV"
 wait_for 30 "S3 server" bash -c "curl -s -o /dev/null $S3_ENDPOINT"
+wait_for 30 "S3 server over TLS" bash -c "curl -s -o /dev/null --cacert $PKI/ca.crt https://$NODE_IP:$S3_TLS_PORT"
 kubectl_admin -n kube-system rollout status deployment/coredns --timeout 90s >/dev/null
 
 log "up in $((SECONDS - started))s; export KUBECONFIG=$KUBECONFIG_ADMIN"

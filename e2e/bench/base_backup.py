@@ -1,11 +1,12 @@
 """Benchmark: a full physical backup of a database of about 1 GiB to S3, and its restore into a
-new server until that server serves, ours against barman-cloud (CloudNativePG's tools).
+new server until that server serves, ours against barman-cloud (CloudNativePG's tools) and
+pgBackRest (Crunchy PGO's).
 
 One PostgreSQL server (this machine's, the Debian package) is loaded to `--size-mb`
 (pgbench's tables at scale 10, then rows of hex text, which compress about 2:1), then
-archives its WAL into the test bed's S3 server through both tools (`archive_command`: our
-`archive-wal.sh` with the `wal-archiver` running beside it, then `barman-cloud-wal-archive`),
-so that each finds the WAL it relies on where it looks. Then,
+archives its WAL into the test bed's S3 server through every tool (`archive_command`: our
+`archive-wal.sh` with the `wal-archiver` running beside it, `barman-cloud-wal-archive`, then
+`pgbackrest archive-push`), so that each finds the WAL it relies on where it looks. Then,
 taking turns, `--repeats` times each:
 
   backup   ours: the backup Job's own work (`python -m backup`, with the request the operator
@@ -15,11 +16,14 @@ taking turns, `--repeats` times each:
            checked, then the manifest
            barman: `barman-cloud-backup --immediate-checkpoint` (2 upload jobs, no compression:
            its defaults, and CloudNativePG's)
+           pgbackrest: `pgbackrest backup --type=full --start-fast` (one process, zstd level 3)
   restore  ours: a new instance's first pod's work (the tar streamed, every piece checked,
            extracted aside and moved into place, the recovery set), then the server replays the
            archive to the backup's end with the `wal-restore` sidecar and promotes itself
            barman: `barman-cloud-restore`, then the server replays the archive to the backup's
            end (`recovery_target = immediate`) with `barman-cloud-wal-restore` and promotes
+           pgbackrest: `pgbackrest restore --type=immediate`, then the same with `pgbackrest
+           archive-get` (through the S3 server's TLS listener: its S3 client speaks only HTTPS)
 The restore's clock runs from the first byte read until the server says it is ready to accept
 connections (the chown of the files between, which a pod does not need, is not counted).
 
@@ -49,14 +53,17 @@ from backup.storage import S3Spec, s3_client
 from e2e.bench.wal_archive import (
     RUN_AS,
     MiB,
+    PgBackRest,
     Server,
     as_postgres,
     barman_bin,
     drained,
+    keys,
+    owned,
     postgres_bin,
     rendered_archive_script,
 )
-from e2e.bench.wal_restore import owned, rendered_restore_script
+from e2e.bench.wal_restore import rendered_restore_script
 from e2e.kube import REPO
 from e2e.s3 import new_bucket, s3_api, s3_settings
 from services.postgres.backup_driver import DRIVER
@@ -65,21 +72,25 @@ OURS_WAL = "ours-wal"
 BARMAN = "barman"
 
 
-def keys() -> dict[str, str]:
-    settings = s3_settings()
-    return {k: settings[k] for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
-
-
 def storage(bucket: str) -> dict[str, str]:
     return {"endpoint": s3_settings()["S3_ENDPOINT"], "bucket": bucket, "credentialsSecret": "k"}
 
 
 class Source:
-    """The server both tools back up, archiving its WAL through both."""
+    """The server every tool backs up, archiving its WAL through each."""
 
     def __init__(self, root: Path, bucket: str, size_mb: int) -> None:
         self.root, self.bucket = root, bucket
         self.server = Server(root, keys())
+        self.archiver: subprocess.Popen[bytes] | None = None
+        try:
+            self.set_up(size_mb)
+        except BaseException:
+            self.close()  # no server or archiver left behind
+            raise
+
+    def set_up(self, size_mb: int) -> None:
+        root, bucket = self.root, self.bucket
         self.server.start("init")  # archive_mode on, archiving nothing yet
         self.server.pgbench("-i", "-q", "-s", "10")
         # Rows as hard to compress as text usually is (about 2:1), not pgbench's blank fillers.
@@ -118,7 +129,10 @@ class Source:
             f"{barman_bin()}/barman-cloud-wal-archive --endpoint-url {storage(bucket)['endpoint']} --zstd "
             f"s3://{bucket}/{BARMAN} demo %p"
         )
-        self.server.sql(f"alter system set archive_command = 'bash {script} %f && {barman}'")
+        self.pgbackrest = PgBackRest(owned(root / "pgbackrest"), bucket, self.server.data, root, keys())
+        self.pgbackrest.run("stanza-create")
+        pgbackrest = " ".join(self.pgbackrest.argv("archive-push", "%p"))
+        self.server.sql(f"alter system set archive_command = 'bash {script} %f && {barman} && {pgbackrest}'")
         self.server.sql("select pg_reload_conf()")
         drained(self.server)  # the load's WAL, archived by both before the first backup
 
@@ -127,8 +141,9 @@ class Source:
 
     def close(self) -> None:
         self.server.stop()
-        self.archiver.terminate()
-        self.archiver.wait(30)
+        if self.archiver:
+            self.archiver.terminate()
+            self.archiver.wait(30)
 
 
 def backup_ours(source: Source, run: int) -> dict[str, Any]:
@@ -184,6 +199,31 @@ def stored_bytes(bucket: str, prefix: str) -> int:
     return sum(item["Size"] for page in pages for item in page.get("Contents") or [])
 
 
+def backup_pgbackrest(source: Source, run: int) -> dict[str, Any]:
+    started = time.monotonic()
+    source.pgbackrest.run("backup", "--type=full", "--start-fast")
+    seconds = time.monotonic() - started
+    newest = source.pgbackrest.newest()
+    return {"seconds": seconds, "stored": newest["info"]["repository"]["delta"], "location": newest["label"]}
+
+
+def restore_pgbackrest(source: Source, label: str) -> dict[str, float]:
+    root = owned(Path(tempfile.mkdtemp(prefix="bench-base-pgbackrest-")))
+    try:
+        data = owned(root / "data")
+        data.chmod(0o700)
+        started = time.monotonic()
+        source.pgbackrest.run(
+            "restore", f"--pg1-path={data}", f"--set={label}", "--type=immediate", "--target-action=promote"
+        )
+        files = time.monotonic() - started
+        command = " ".join(source.pgbackrest.argv("archive-get", f"--pg1-path={data}", "%f", '"%p"'))
+        recovery = serve(data, root, command, None)
+        return {"files": files, "recovery": recovery}
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
 def serve(data: Path, root: Path, restore_command: str, ours: dict[str, Any] | None) -> float:
     """The restored data directory started until it serves; the seconds it took."""
     for path in [data, *data.rglob("*")]:
@@ -213,9 +253,13 @@ def serve(data: Path, root: Path, restore_command: str, ours: dict[str, Any] | N
             stderr=subprocess.DEVNULL,
         )
     try:
-        as_postgres(
-            str(postgres_bin() / "pg_ctl"), "-D", str(data), "-l", str(log), "-w", "-t", "3600", "start"
-        )
+        start = [str(postgres_bin() / "pg_ctl"), "-D", str(data), "-l", str(log), "-w", "-t", "3600", "start"]
+        try:
+            as_postgres(*start)
+        except subprocess.CalledProcessError as error:
+            raise RuntimeError(
+                f"the server did not start: {error.stderr}\n{log.read_text()[-3000:]}"
+            ) from error
         while "database system is ready to accept connections" not in log.read_text():
             if "database system is shut down" in log.read_text():
                 raise RuntimeError(f"the server stopped:\n{log.read_text()[-2000:]}")
@@ -311,7 +355,11 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     barman_bin()
-    tools = {"ours": (backup_ours, restore_ours), "barman": (backup_barman, restore_barman)}
+    tools = {
+        "ours": (backup_ours, restore_ours),
+        "barman": (backup_barman, restore_barman),
+        "pgbackrest": (backup_pgbackrest, restore_pgbackrest),
+    }
     results: dict[str, list[dict[str, Any]]] = {tool: [] for tool in tools}
     root = owned(Path(tempfile.mkdtemp(prefix="bench-base-source-")))
     try:
@@ -320,7 +368,7 @@ def main() -> int:
             try:
                 print(f"the databases hold {source.size / MiB:.0f} MiB", flush=True)
                 for run in range(args.repeats):
-                    for tool in list(tools) if run % 2 == 0 else list(reversed(tools)):
+                    for tool in list(tools)[run % 3 :] + list(tools)[: run % 3]:  # each first once
                         take, bring_back = tools[tool]
                         taken = take(source, run)
                         restored = bring_back(source, taken["location"])
@@ -342,8 +390,10 @@ def main() -> int:
         medians = {tool: statistics.median(r[what] for r in results[tool]) for tool in tools}
         label = "backup" if what == "seconds" else "restore"
         print(
-            f"median {label}: ours {medians['ours']:.1f} s, barman {medians['barman']:.1f} s; "
-            f"ours is {medians['barman'] / medians['ours']:.2f}x as fast"
+            f"median {label}: "
+            + ", ".join(f"{tool} {seconds:.1f} s" for tool, seconds in medians.items())
+            + "; ours is "
+            + ", ".join(f"{medians[t] / medians['ours']:.2f}x as fast as {t}" for t in tools if t != "ours")
         )
     return 0
 

@@ -1,10 +1,11 @@
-"""Benchmark: how fast each archiver stores WAL, ours against barman-cloud-wal-archive.
+"""Benchmark: how fast each archiver stores WAL, ours against barman-cloud-wal-archive and
+pgBackRest.
 
 The highest WAL rate an archiver keeps up with is the rate at which it drains a backlog: a
 PostgreSQL server (this machine's, the Debian package) archives nothing while pgbench writes
 `--wal-mb` of WAL (`archive_command` empty: the server keeps every file, as documented); then
 the archiver under test is started and the clock runs until the server has no WAL file left
-to archive. Both store into the test bed's S3 server, zstd level 3, and the objects are
+to archive. All store into the test bed's S3 server, zstd level 3, and the objects are
 counted afterwards (every file, or the run fails). The tools take turns, `--repeats` times
 each, each on a server of its own.
 
@@ -12,6 +13,8 @@ each, each on a server of its own.
           4 uploads at once) with the `archive-wal.sh` our ConfigMap renders
   barman  `barman-cloud-wal-archive --zstd` as the archive_command (barman's documented use;
           one process per file), installed from PyPI into a venv of the cache
+  pgbackrest  `pgbackrest archive-push` (Debian's package) in its asynchronous mode with 4
+          processes, zstd level 3, through the S3 server's TLS listener
 
 Two kinds of WAL: `init`, pgbench's table loading (long runs of equal bytes: compresses very
 well), and `tpcb`, pgbench's transactions on 4 clients (full-page images of random pages).
@@ -89,6 +92,85 @@ def as_postgres(
         text=True,
         **kwargs,
     )
+
+
+def keys() -> dict[str, str]:
+    """The test bed's S3 keys, as the tools read them from their environment."""
+    settings = s3_settings()
+    return {k: settings[k] for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
+
+
+def owned(path: Path) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    shutil.chown(path, RUN_AS, RUN_AS)
+    return path
+
+
+def tls_settings() -> dict[str, str]:
+    lines = (REPO / ".testbed" / "s3-tls.env").read_text().splitlines()
+    return dict(line.split("=", 1) for line in lines if "=" in line)
+
+
+class PgBackRest:
+    """pgBackRest (Debian's package) with a repository in the bucket, through the S3 server's
+    TLS listener (its S3 client speaks only HTTPS; it checks a certificate's DNS names only,
+    and the test bed's has an address: not checked); zstd level 3 (its default is gz).
+    `parallel`: its asynchronous archiving with that many processes (`archive-async`,
+    `process-max`: its mode for a high WAL rate, WAL fetched ahead on restore); else one
+    process, synchronous, as it is by default."""
+
+    def __init__(
+        self,
+        home: Path,
+        bucket: str,
+        data: Path,
+        socket: Path,
+        keys: dict[str, str],
+        parallel: int = 0,
+        repository: str = "/pgbackrest",
+    ) -> None:
+        tls = tls_settings()
+        host, port = tls["S3_TLS_ENDPOINT"].removeprefix("https://").rsplit(":", 1)
+        self.config = home / "pgbackrest.conf"
+        settings = {
+            "repo1-type": "s3",
+            "repo1-path": repository,
+            "repo1-s3-bucket": bucket,
+            "repo1-s3-endpoint": host,
+            "repo1-storage-port": port,
+            "repo1-storage-verify-tls": "n",
+            "repo1-s3-region": "us-east-1",
+            "repo1-s3-uri-style": "path",
+            "repo1-s3-key": keys["AWS_ACCESS_KEY_ID"],
+            "repo1-s3-key-secret": keys["AWS_SECRET_ACCESS_KEY"],
+            "repo1-retention-full": "100",
+            "compress-type": "zst",
+            "compress-level": "3",
+            "lock-path": str(home / "lock"),
+            "log-path": str(home / "log"),
+            "spool-path": str(home / "spool"),
+            "log-level-console": "warn",
+            "log-level-file": "off",
+        }
+        if parallel:
+            settings |= {"archive-async": "y", "process-max": str(parallel)}
+        stanza = {"pg1-path": str(data), "pg1-socket-path": str(socket), "pg1-user": "postgres"}
+        lines = ["[global]", *(f"{k}={v}" for k, v in settings.items()), "[demo]"]
+        lines += [f"{k}={v}" for k, v in stanza.items()]
+        self.config.write_text("\n".join(lines) + "\n")
+        shutil.chown(self.config, RUN_AS, RUN_AS)
+        for folder in ("lock", "log", "spool"):
+            owned(home / folder)
+
+    def argv(self, command: str, *args: str) -> list[str]:
+        return ["pgbackrest", f"--config={self.config}", "--stanza=demo", command, *args]
+
+    def run(self, command: str, *args: str) -> str:
+        return as_postgres(*self.argv(command, *args)).stdout
+
+    def newest(self) -> dict[str, Any]:
+        (stanza,) = json.loads(self.run("info", "--output=json"))
+        return stanza["backup"][-1]
 
 
 class Server:
@@ -276,6 +358,38 @@ def barman(bucket: str, wal_mb: int, run: int, workload: str) -> dict[str, Any]:
     }
 
 
+def pgbackrest(bucket: str, wal_mb: int, run: int, workload: str) -> dict[str, Any]:
+    """`pgbackrest archive-push` in its asynchronous mode, 4 processes (its mode for a high WAL
+    rate), zstd level 3."""
+    repository = f"pgbackrest-{run}"
+    with server({}, workload) as running:
+        tool = PgBackRest(
+            owned(running.root / "pgbackrest"),
+            bucket,
+            running.data,
+            running.root,
+            keys(),
+            4,
+            f"/{repository}",
+        )
+        tool.run("stanza-create")
+        backlog = running.write_backlog(wal_mb, workload)
+        started = time.monotonic()
+        running.sql(f"alter system set archive_command = '{' '.join(tool.argv('archive-push', '%p'))}'")
+        running.sql("select pg_reload_conf()")
+        drained(running)
+        seconds = time.monotonic() - started
+        files, size = stored(bucket, f"{repository}/archive/", ".zst")
+    return {
+        "tool": "pgbackrest",
+        "wal_bytes": backlog,
+        "seconds": seconds,
+        "stored": files,
+        "size": size,
+        "peak_mib": None,
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--wal-mb", type=int, default=1024)
@@ -283,10 +397,11 @@ def main() -> int:
     parser.add_argument("--workload", choices=("init", "tpcb"), default="init")
     args = parser.parse_args()
     barman_bin()
-    results: dict[str, list[dict[str, Any]]] = {"ours": [], "barman": []}
+    tools = [ours, barman, pgbackrest]
+    results: dict[str, list[dict[str, Any]]] = {tool.__name__: [] for tool in tools}
     with new_bucket() as bucket:
         for run in range(args.repeats):
-            for tool in (ours, barman) if run % 2 == 0 else (barman, ours):
+            for tool in tools[run % 3 :] + tools[: run % 3]:  # each first once
                 result = tool(bucket, args.wal_mb, run, args.workload)
                 files = result["wal_bytes"] // SEGMENT
                 if result["stored"] < files:
@@ -301,13 +416,12 @@ def main() -> int:
                     f"{result['size'] / MiB:.0f} MiB{peak}",
                     flush=True,
                 )
-    ours_rate = statistics.median(r["mb_s"] for r in results["ours"])
-    barman_rate = statistics.median(r["mb_s"] for r in results["barman"])
+    rates = {tool: statistics.median(r["mb_s"] for r in runs) for tool, runs in results.items()}
     print(
-        f"median WAL archiving rate: ours {ours_rate:.1f} MiB/s, "
-        f"barman-cloud-wal-archive {barman_rate:.1f} MiB/s"
+        "median WAL archiving rate: " + ", ".join(f"{tool} {rate:.1f} MiB/s" for tool, rate in rates.items())
     )
-    print(f"ratio ours/barman: {ours_rate / barman_rate:.2f}x")
+    for peer in ("barman", "pgbackrest"):
+        print(f"ratio ours/{peer}: {rates['ours'] / rates[peer]:.2f}x")
     print(f"our archiver's peak memory: {max(r['peak_mib'] for r in results['ours']):.0f} MiB")
     return 0
 

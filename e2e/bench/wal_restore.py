@@ -1,5 +1,5 @@
 """Benchmark: how fast a recovery replays WAL from the archive, ours against
-barman-cloud-wal-restore.
+barman-cloud-wal-restore and pgBackRest.
 
 One PostgreSQL server (this machine's, the Debian package) is backed up first
 (`pg_basebackup`), then writes `--wal-mb` of WAL with pgbench, which is archived once by each
@@ -13,6 +13,8 @@ says it is ready, once promoted; the WAL is fetched by
           `restore-wal.sh` our ConfigMap renders as `restore_command`
   barman  `barman-cloud-wal-restore` as the `restore_command` (its documented use; one
           process per file)
+  pgbackrest  `pgbackrest archive-get` (Debian's package) in its asynchronous mode with 4
+          processes (it fetches ahead), through the S3 server's TLS listener
 
 The tools take turns, `--repeats` times each. What is left of the time beyond the fetching is
 the server's own replay, the same for both (`--local` adds runs from a local directory with
@@ -39,10 +41,13 @@ from e2e.bench.wal_archive import (
     RUN_AS,
     SEGMENT,
     MiB,
+    PgBackRest,
     Server,
     as_postgres,
     barman_bin,
     drained,
+    keys,
+    owned,
     peak_memory,
     postgres_bin,
     rendered_archive_script,
@@ -66,12 +71,6 @@ def rendered_restore_script(spool: Path) -> str:
     return config["data"]["restore-wal.sh"].replace("/var/lib/postgresql/data/wal-restore", str(spool))
 
 
-def owned(path: Path) -> Path:
-    path.mkdir(parents=True, exist_ok=True)
-    shutil.chown(path, RUN_AS, RUN_AS)
-    return path
-
-
 class Source:
     """The server whose WAL both archives hold, and its base backup from before that WAL."""
 
@@ -87,9 +86,14 @@ class Source:
             str(postgres_bin() / "pg_basebackup"), "-h", str(root), "-U", "postgres",
             "-D", str(self.base), "-X", "fetch", "-c", "fast",
         )  # fmt: skip
+        self.pgbackrest = PgBackRest(
+            owned(root / "pgbackrest"), bucket, self.server.data, root, keys(), parallel=4
+        )
+        self.pgbackrest.run("stanza-create")
         self.wal_bytes = self.server.write_backlog(wal_mb, workload)
         self.archive_ours()
         self.archive_barman()
+        self.archive_again(" ".join(self.pgbackrest.argv("archive-push", "%p")))
         self.server.stop()
 
     def archive_ours(self) -> None:
@@ -128,20 +132,22 @@ class Source:
             archiver.wait(30)
 
     def archive_barman(self) -> None:
-        """The same WAL again, by barman: each file goes back to .ready first."""
-        self.server.sql("alter system set archive_command = ''")
-        self.server.sql("select pg_reload_conf()")
-        status = self.server.data / "pg_wal" / "archive_status"
-        for done in status.glob("*.done"):
-            done.rename(done.with_suffix(".ready"))
         settings = s3_settings()
         command = (
             f"{barman_bin()}/barman-cloud-wal-archive --endpoint-url {settings['S3_ENDPOINT']} --zstd "
             f"--compression-level 3 s3://{self.bucket}/barman demo %p"
         )
-        env = {k: settings[k] for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
+        self.server.env = keys()
+        self.archive_again(command)
+
+    def archive_again(self, command: str) -> None:
+        """The same WAL again, by `command`: each file goes back to .ready first."""
+        self.server.sql("alter system set archive_command = ''")
+        self.server.sql("select pg_reload_conf()")
+        status = self.server.data / "pg_wal" / "archive_status"
+        for done in status.glob("*.done"):
+            done.rename(done.with_suffix(".ready"))
         self.server.stop()
-        self.server.env = env
         self.server.pg_ctl("start")
         self.server.sql(f"alter system set archive_command = '{command}'")
         self.server.sql("select pg_reload_conf()")
@@ -183,6 +189,8 @@ def recover(source: Source, tool: str, run: int) -> dict[str, Any]:
             "AWS_ACCESS_KEY_ID": settings["AWS_ACCESS_KEY_ID"],
             "AWS_SECRET_ACCESS_KEY": settings["AWS_SECRET_ACCESS_KEY"],
         }
+    elif tool == "pgbackrest":
+        command = " ".join(source.pgbackrest.argv("archive-get", f"--pg1-path={data}", "%f", '"%p"'))
     elif tool == "barman":
         command = (
             f"{barman_bin()}/barman-cloud-wal-restore --endpoint-url {settings['S3_ENDPOINT']} "
@@ -286,7 +294,7 @@ def main() -> int:
     args = parser.parse_args()
     barman_bin()
     root = owned(Path(tempfile.mkdtemp(prefix="bench-wal-source-")))
-    tools = ["ours", "barman"] + (["local"] if args.local else [])
+    tools = ["ours", "barman", "pgbackrest"] + (["local"] if args.local else [])
     results: dict[str, list[dict[str, Any]]] = {tool: [] for tool in tools}
     try:
         with new_bucket() as bucket:
@@ -296,7 +304,7 @@ def main() -> int:
             wal_mib = source.wal_bytes / MiB
             print(f"{source.wal_bytes // SEGMENT} WAL files ({wal_mib:.0f} MiB) to replay, in each archive")
             for run in range(args.repeats):
-                for tool in tools if run % 2 == 0 else list(reversed(tools)):
+                for tool in tools[run % len(tools) :] + tools[: run % len(tools)]:  # each first once
                     result = recover(source, tool, run)
                     results[tool].append(result)
                     peak = f", sidecar peak {result['peak_mib']:.0f} MiB" if result["peak_mib"] else ""
@@ -312,7 +320,8 @@ def main() -> int:
     print(
         "median recovery time: " + ", ".join(f"{tool} {seconds:.1f} s" for tool, seconds in medians.items())
     )
-    print(f"ratio barman/ours (how many times faster ours is): {medians['barman'] / medians['ours']:.2f}x")
+    for peer in ("barman", "pgbackrest"):
+        print(f"ratio {peer}/ours (how many times faster ours is): {medians[peer] / medians['ours']:.2f}x")
     print(f"the sidecar's peak memory: {max(r['peak_mib'] for r in results['ours']):.0f} MiB")
     return 0
 
