@@ -92,6 +92,20 @@ def in_place_step(
 # A renewed certificate reaches the pods' files within a minute or so (the kubelet's Secret
 # refresh); the servers read it when reloaded, so they are reloaded every 20 s for 150 s.
 TLS_RELOAD_WINDOW, TLS_RELOAD_EVERY = 150.0, 20.0
+# The archivers report only when asked: a quiet, healthy instance is asked this often, so its
+# status.walArchive and ContinuousArchiving follow them (a failure shows within this and a pass).
+ARCHIVE_REPORTS_EVERY = 10.0
+
+
+def next_inspection(probe_again: float | None, tls_reload: bool, archives: bool) -> float | None:
+    """Seconds until the servers are asked again (None: not until something changes): what the
+    primary's planning wants, sooner while certificates are reloaded or archivers report."""
+    again = probe_again
+    if tls_reload:
+        again = min(again or TLS_RELOAD_EVERY, TLS_RELOAD_EVERY)
+    if archives:
+        again = min(again or ARCHIVE_REPORTS_EVERY, ARCHIVE_REPORTS_EVERY)
+    return again
 
 
 @dataclass(frozen=True)
@@ -341,11 +355,11 @@ class PostgresPlugin(ServicePlugin):
             served = {"served": planned.switchover_done, "rolloutServed": planned.rollout_switchover_done}
             status["switchover"] = {**switchovers, **{k: v for k, v in served.items() if v}}
         actions: list[Any] = list(planned.actions)
-        again = planned.probe_again
-        if tls_reload_due(observed.status, now):
+        reload = tls_reload_due(observed.status, now)
+        if reload:
             actions.append(ReloadConfiguration(tuple(p["metadata"]["name"] for p in observed.pods)))
             status["tlsReloadedAtSeconds"] = now
-            again = min(again or TLS_RELOAD_EVERY, TLS_RELOAD_EVERY)
+        again = next_inspection(planned.probe_again, reload, bool(spec.wal_archive))
         return Operations(
             pod_labels={pod: {ROLE_LABEL: role} for pod, role in planned.labels.items()},
             actions=actions,

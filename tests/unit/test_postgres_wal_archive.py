@@ -14,7 +14,7 @@ from framework.kube import conditions
 from framework.plugin import Inspection, Observed
 from framework.servers import NO_ANSWERS
 from services.postgres import PLUGIN
-from services.postgres.plugin import ServerFacts
+from services.postgres.plugin import ARCHIVE_REPORTS_EVERY, ServerFacts, next_inspection
 from services.postgres.wal_archive import (
     CONDITION,
     STANDBY_DELAY,
@@ -282,3 +282,10 @@ def test_a_gap_is_found_across_timelines_and_a_partial_is_not_taken_for_a_segmen
     assert missing_segments(archived - {segment_name(2, 5)}, 3, history, 11) == [segment_name(2, 5)]
     assert segment_name(1, 0x1A3) == "0000000100000001000000A3"
     assert missing_segments({segment_name(1, 3), segment_name(1, 4)}, 1, "", 4) == []
+
+
+def test_however_quiet_the_instance_its_archivers_are_asked_again_soon() -> None:
+    assert next_inspection(None, tls_reload=False, archives=False) is None  # healthy, nothing to ask
+    assert next_inspection(None, tls_reload=False, archives=True) == ARCHIVE_REPORTS_EVERY
+    assert next_inspection(0.2, tls_reload=False, archives=True) == 0.2  # a failover's pace stays
+    assert next_inspection(None, tls_reload=True, archives=True) == ARCHIVE_REPORTS_EVERY
