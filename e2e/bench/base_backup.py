@@ -62,6 +62,7 @@ from e2e.bench.wal_archive import (
     owned,
     postgres_bin,
     rendered_archive_script,
+    stop_server,
 )
 from e2e.bench.wal_restore import rendered_restore_script
 from e2e.kube import REPO
@@ -276,22 +277,7 @@ def serve(data: Path, root: Path, restore_command: str, ours: dict[str, Any] | N
         if sidecar:
             sidecar.terminate()
             sidecar.wait(30)
-        subprocess.run(
-            [
-                "runuser",
-                "-u",
-                RUN_AS,
-                "--",
-                str(postgres_bin() / "pg_ctl"),
-                "-D",
-                str(data),
-                "-m",
-                "immediate",
-                "stop",
-            ],
-            capture_output=True,
-            check=False,
-        )
+        stop_server(data)
 
 
 def restore_ours(source: Source, location: str) -> dict[str, float]:

@@ -94,6 +94,16 @@ def as_postgres(
     )
 
 
+def stop_server(data: Path) -> None:
+    """An immediate stop of the server on `data`, if one runs there."""
+    pg_ctl = str(postgres_bin() / "pg_ctl")
+    subprocess.run(
+        ["runuser", "-u", RUN_AS, "--", pg_ctl, "-D", str(data), "-m", "immediate", "stop"],
+        capture_output=True,
+        check=False,
+    )
+
+
 def keys() -> dict[str, str]:
     """The test bed's S3 keys, as the tools read them from their environment."""
     settings = s3_settings()
@@ -204,8 +214,7 @@ class Server:
         self.pg_ctl("restart", "-m", "fast")
 
     def stop(self) -> None:
-        with contextlib.suppress(subprocess.CalledProcessError):
-            as_postgres(str(self.bin / "pg_ctl"), "-D", str(self.data), "-m", "immediate", "stop")
+        stop_server(self.data)
 
     def sql(self, text: str) -> str:
         return as_postgres(

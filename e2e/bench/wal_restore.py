@@ -51,6 +51,7 @@ from e2e.bench.wal_archive import (
     peak_memory,
     postgres_bin,
     rendered_archive_script,
+    stop_server,
 )
 from e2e.kube import REPO
 from e2e.s3 import new_bucket, s3_settings
@@ -249,22 +250,7 @@ def recover(source: Source, tool: str, run: int) -> dict[str, Any]:
             time.sleep(0.5)
             sidecar.terminate()  # idle by now
             sidecar.wait(30)
-        subprocess.run(
-            [
-                "runuser",
-                "-u",
-                RUN_AS,
-                "--",
-                str(postgres_bin() / "pg_ctl"),
-                "-D",
-                str(data),
-                "-m",
-                "immediate",
-                "stop",
-            ],
-            capture_output=True,
-            check=False,
-        )
+        stop_server(data)
         log = (root / "log").read_text() if (root / "log").exists() else ""
         if failed is not None:
             print(f"{tool}: the server did not start ({failed.stderr.strip()}):\n{log[-3000:]}", flush=True)
