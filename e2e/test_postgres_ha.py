@@ -131,7 +131,6 @@ def test_a_standby_that_lost_the_wal_it_needs_is_cloned_again(
         password = conn.info.password
 
     def rows_on_the_standby() -> int | None:
-        # Seen refusing connections just after the cluster was whole (cause not found yet).
         ip = kube.get(Pod, standby, namespace=namespace).status.podIP
         try:
             with psycopg.connect(
@@ -142,6 +141,10 @@ def test_a_standby_that_lost_the_wal_it_needs_is_cloned_again(
             return None
 
     assert wait_until("the recloned standby answers", rows_on_the_standby, timeout=120, interval=2) == 120000
+    # It follows what the primary writes next: a clone that wrote WAL of its own (pg_rewind's
+    # recovery of a fresh clone did) answers, but diverged, and fails at its next start.
+    execute(kube, namespace, "demo-rw", "insert into filler select 'after' from generate_series(1, 10)")
+    wait_until("the standby follows", lambda: rows_on_the_standby() == 120010, timeout=30, interval=1)
     wait_until(
         "the standby forgotten as rejoining", lambda: not status_of(kube, namespace).get("rejoins"), 30
     )
