@@ -492,17 +492,34 @@ def test_a_restore_to_a_point_in_time_undoes_a_drop_across_the_failovers(
     with pytest.raises(ApiError):  # nothing was made
         kube.get(Postgres, "never", namespace=namespace)
 
+    # A recovery over the instance whose check fails: it is rolled back, and the timeline the
+    # recovered server had promoted itself to never reaches the archive (every later recovery to
+    # the latest point would follow it); the instance's own WAL is archived again, with no gap.
+    over = {"kind": "Postgres", "name": "demo", "replace": True}
+    histories = {name for name in archived(archive_bucket, namespace) if HISTORY.match(name)}
+    checked = {"query": "SELECT false", "database": "postgres"}
+    point_in_time = {"instance": "demo", "time": point}
+    apply(
+        kube, Restore, namespace, "undone", {"pointInTime": point_in_time, "target": over, "check": checked}
+    )
+    undone = wait_phase(kube, Restore, namespace, "undone", "Failed", timeout=420)
+    assert undone["reason"] == "CheckFailed", undone
+    assert query(kube, namespace, "demo-rw", "select to_regclass('later') is not null") is True
+    missing = gaps_through(kube, namespace, archive_bucket)
+    wait_until("the instance's own WAL archived again", lambda: missing() == [], timeout=90, interval=2)
+    assert {name for name in archived(archive_bucket, namespace) if HISTORY.match(name)} == histories
+    assert archiving(kube, namespace).get("status") == "True"
+
     # The same point over the instance itself, through the in-place machinery: its primary
     # keeps its data aside, takes the base backup and replays the archive to the point; the
     # standbys clone it. (Without spec.target.replace, the existing instance is refused.)
     in_place_at = time.monotonic()
-    over = {"kind": "Postgres", "name": "demo", "replace": True}
     apply(
         kube,
         Restore,
         namespace,
         "in-place",
-        {"pointInTime": {"instance": "demo", "time": point}, "target": over},
+        {"pointInTime": point_in_time, "target": over},
     )
     recovered = wait_phase(kube, Restore, namespace, "in-place", "Completed", timeout=420)
     in_place_took = time.monotonic() - in_place_at
@@ -521,6 +538,9 @@ def test_a_restore_to_a_point_in_time_undoes_a_drop_across_the_failovers(
         timeout=120,
         interval=1,
     )
+    # Kept: the recovered timeline is archived from its first segment on.
+    missing = gaps_through(kube, namespace, archive_bucket)
+    wait_until("the recovered timeline archived", lambda: missing() == [], timeout=90, interval=2)
     print(
         f"point in time {point}, timeline {int(timeline[:8], 16)}; Restore Completed in {took:.0f} s, "
         f"in place in {in_place_took:.0f} s"

@@ -59,11 +59,13 @@ from services.postgres.wal_archive import (
     ARCHIVER_PORT,
     CONDITION,
     ArchiverReport,
+    archive_hold,
     archiver_context,
     archiving_condition,
 )
 
 ROLE_LABEL = "statefleet.dev/role"
+WAL_HOLD_LABEL = "statefleet.dev/wal-archive"  # held or archiving: see wal_archive.archive_hold
 WAL_STORAGE = "walStorage"  # Observed.references: the BackupStorage of spec.walArchive
 SUPERUSER = GeneratedSecret("superuser", fixed={"username": "postgres"}, random=("password",))
 REPLICATION = GeneratedSecret("replication", fixed={"username": "streaming_replica"}, random=("password",))
@@ -292,7 +294,11 @@ class PostgresPlugin(ServicePlugin):
             "replication_secret": REPLICATION.name(observed.name),
             "replication_user": REPLICATION.fixed["username"],
             "wal_archive": archiver_context(
-                spec.wal_archive, observed.references.get(WAL_STORAGE), observed.namespace, observed.name
+                spec.wal_archive,
+                observed.references.get(WAL_STORAGE),
+                observed.namespace,
+                observed.name,
+                archive_hold(in_place.request_of(observed.annotations), restoring.record),
             ),
             # Pods restart when their configuration changes: it is part of the template.
             "config_hash": content_hash(configuration),
@@ -360,8 +366,17 @@ class PostgresPlugin(ServicePlugin):
             actions.append(ReloadConfiguration(tuple(p["metadata"]["name"] for p in observed.pods)))
             status["tlsReloadedAtSeconds"] = now
         again = next_inspection(planned.probe_again, reload, bool(spec.wal_archive))
+        labels: dict[str, dict[str, str]] = {pod: {ROLE_LABEL: role} for pod, role in planned.labels.items()}
+        if spec.wal_archive:
+            # A change of the pod makes its kubelet update the mounted ConfigMap at once, not at its
+            # next periodic pass (a minute): a lifted hold reaches the archivers within seconds.
+            hold = archive_hold(in_place.request_of(observed.annotations), restoring.record)
+            for pod in observed.pods:
+                labels.setdefault(pod["metadata"]["name"], {})[WAL_HOLD_LABEL] = (
+                    "held" if hold else "archiving"
+                )
         return Operations(
-            pod_labels={pod: {ROLE_LABEL: role} for pod, role in planned.labels.items()},
+            pod_labels=labels,
             actions=actions,
             status=status,
             events=[*restoring.events, *(EventNote(*event) for event in planned.events)],

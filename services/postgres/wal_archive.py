@@ -22,6 +22,7 @@ from typing import Any
 
 from pydantic import Field, ValidationError
 
+from backup import in_place
 from backup.storage import BackupStorageSpec, object_key
 from framework.kube.conditions import Condition
 from framework.kube.model import ApiModel, StatusModel, describe_validation_error
@@ -35,6 +36,9 @@ STANDBY_DELAY = 15.0
 # The server's archive_command waits this long for the archiver's word, then fails (and
 # PostgreSQL tries the file again): a bound on how long a stuck archiver holds it unseen.
 COMMAND_WAIT = 60
+# A key of the instance's ConfigMap, read afresh by the archivers and archive_command (the
+# kubelet updates a mounted ConfigMap in place: holding or releasing restarts no pod).
+HOLD_KEY = "wal-archive-hold"
 
 SEGMENT = re.compile(r"^[0-9A-F]{24}(\.partial|\.[0-9A-F]{8}\.backup)?$")
 HISTORY = re.compile(r"^[0-9A-F]{8}\.history$")
@@ -123,6 +127,9 @@ class ArchiverReport(StatusModel):
         default=None, description="how long the oldest of them has waited: how far archiving is behind"
     )
     archived: int | None = Field(default=None, description="files stored since the archiver started")
+    held: str | None = Field(
+        default=None, description="why it stores nothing now (a restore over the instance under way)"
+    )
 
 
 def archiving_condition(primary: str, report: ArchiverReport | None, primary_ready: bool) -> Condition:
@@ -137,6 +144,10 @@ def archiving_condition(primary: str, report: ArchiverReport | None, primary_rea
     behind = (
         f"{report.pending or 0} WAL files ({(report.pending_bytes or 0) / 2**20:.0f} MiB) wait on the volume"
     )
+    if report.held:
+        return Condition(
+            CONDITION, False, "ArchivingHeld", f"{primary} holds its WAL: {report.held}; {behind}"
+        )
     if report.failing:
         return Condition(
             CONDITION,
@@ -150,8 +161,27 @@ def archiving_condition(primary: str, report: ArchiverReport | None, primary_rea
     return Condition(CONDITION, True, "Archiving", f"{message}; {behind}")
 
 
+def archive_hold(request: dict[str, str] | None, record: dict[str, Any] | None) -> str:
+    """Why the instance's servers archive nothing now ("": they archive). While a physical
+    restore over the instance is under way (stopping, restored and being checked, rolled back),
+    its WAL stays on the volumes: the recovered server promotes itself to a new timeline, and a
+    timeline abandoned by a rollback, once in the archive, would be followed by every later
+    recovery to the latest point and collide with the instance's own next promotion."""
+    if request is None and not in_place.under_way(record):
+        return ""
+    asked = request or record or {}
+    return (
+        f"a restore over the instance (Restore {asked.get('restore')}, token {asked.get('token')}) is under "
+        "way: the WAL made meanwhile is archived once the restore is kept, never if it is rolled back"
+    )
+
+
 def archiver_context(
-    spec: WalArchiveSpec | None, storage: dict[str, Any] | None, namespace: str, instance: str
+    spec: WalArchiveSpec | None,
+    storage: dict[str, Any] | None,
+    namespace: str,
+    instance: str,
+    hold: str = "",
 ) -> dict[str, Any] | None:
     """What the templates need to run the archiver (None: no archiving). A storage that does not
     exist, or is invalid, still gets the archiver, which reports why it cannot archive: the
@@ -168,6 +198,7 @@ def archiver_context(
         "settings": None,
         "error": None,
         "credentials_secret": None,
+        "hold": hold,
     }
     if storage is None:
         context["error"] = f"spec.walArchive.storage: BackupStorage {spec.storage} does not exist"

@@ -10,8 +10,9 @@ server's last checkpoint left ready.
 Configuration: PGDATA; POD_NAME; STATEFLEET_WAL_ARCHIVE (JSON: `s3`, the BackupStorage's
 settings, `prefix`, `parallel`) or STATEFLEET_WAL_ERROR (why it cannot archive, e.g. the
 storage does not exist); the storage's keys as files in CREDENTIALS (a Secret volume, so new
-keys reach a running archiver). It answers `GET /status` (JSON, `ArchiverReport`) and
-`GET /metrics` (Prometheus) on ARCHIVER_PORT.
+keys reach a running archiver); the ConfigMap's `wal-archive-hold` under STATEFLEET_CONFIG,
+read every second (non-empty: nothing is stored, see `wal_archive.archive_hold`). It answers
+`GET /status` (JSON, `ArchiverReport`) and `GET /metrics` (Prometheus) on ARCHIVER_PORT.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from services.postgres.wal_archive import (
     ARCHIVED_DIR,
     ARCHIVER_PORT,
     HISTORY,
+    HOLD_KEY,
     SPOOL,
     ArchiverReport,
     due,
@@ -47,6 +49,7 @@ from services.postgres.wal_archive import (
 )
 
 CREDENTIALS = Path(os.environ.get("STATEFLEET_WAL_CREDENTIALS", "/etc/statefleet-wal-credentials"))
+HOLD = Path(os.environ.get("STATEFLEET_CONFIG", "/etc/statefleet")) / HOLD_KEY  # the ConfigMap's key
 POLL = 0.05  # seconds between looks at archive_status: a segment's wait before its upload starts
 RETRY_MAX = 30.0  # seconds: failures are retried sooner at first, then every RETRY_MAX
 # A file stored stays `.ready` until archive_command has seen the word: it is not looked at
@@ -104,6 +107,11 @@ class Metrics:
         self.failing = Gauge(
             "statefleet_wal_archive_failing", "1 while the last attempt failed", registry=self.registry
         )
+        self.held = Gauge(
+            "statefleet_wal_archive_held",
+            "1 while a restore over the instance holds the WAL on the volume",
+            registry=self.registry,
+        )
 
 
 class Archiver:
@@ -123,6 +131,7 @@ class Archiver:
         self.stored: dict[str, float] = {}  # file -> when it was stored (while still .ready)
         self.failed: dict[str, str] = {}  # ready files whose last attempt failed -> why
         self.measured_at = 0.0
+        self.held_read_at = 0.0
         self.retry_at = 0.0
         self.retry_wait = 1.0
         self.report = ArchiverReport(pod=pod, archived=0)
@@ -230,7 +239,11 @@ class Archiver:
             if now - self.measured_at >= MEASURE_EVERY:
                 self._measure(ready, now)
             self._forget(ready)
-            if self.config_error:
+            if now - self.held_read_at >= MEASURE_EVERY:
+                self._read_hold(now)
+            if self.report.held:
+                pass  # the files wait on the volume (see wal_archive.archive_hold)
+            elif self.config_error:
                 self._failed(None, self.config_error)
             elif now >= self.retry_at:
                 self.stored = {name: at for name, at in self.stored.items() if name in ready}
@@ -289,6 +302,19 @@ class Archiver:
         (self.spool / "last-error").write_text(error + "\n")
         self.retry_at = time.time() + self.retry_wait
         self.retry_wait = min(self.retry_wait * 2, RETRY_MAX)
+
+    def _read_hold(self, now: float) -> None:
+        self.held_read_at = now
+        try:
+            held = HOLD.read_text().strip() or None
+        except OSError:
+            held = None
+        if held and held != self.report.held:
+            log.warning("holding the WAL on the volume: %s", held)
+        elif self.report.held and not held:
+            log.info("the hold is lifted: archiving again")
+        self.report.held = held
+        self.metrics.held.set(int(bool(held)))
 
     def _forget(self, ready: dict[str, float]) -> None:
         """What the server is done with: failures of files no longer ready (stored by another

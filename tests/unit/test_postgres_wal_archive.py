@@ -19,6 +19,7 @@ from services.postgres.wal_archive import (
     CONDITION,
     STANDBY_DELAY,
     ArchiverReport,
+    archive_hold,
     archive_prefix,
     archiving_condition,
     due,
@@ -192,6 +193,58 @@ def test_the_archive_command_waits_for_the_archivers_word(tmp_path: Any) -> None
     assert b"AccessDenied" in failed.stderr
 
 
+REQUEST = {
+    "statefleet.dev/restore-in-place": json.dumps({"token": "0a1b2c3d", "restore": "undo", "mode": "restore"})
+}
+
+
+def test_a_restore_over_the_instance_holds_its_wal_without_restarting_a_pod(tmp_path: Any) -> None:
+    serving = plan(PLUGIN, observed(SPEC, references={"walStorage": STORAGE}), CATALOG, "uid-1")
+    assert config(serving)["wal-archive-hold"] == ""
+    restoring = plan(
+        PLUGIN, observed(SPEC, references={"walStorage": STORAGE}, annotations=REQUEST), CATALOG, "uid-1"
+    )
+    held = config(restoring)["wal-archive-hold"]
+    assert "Restore undo" in held
+    assert "never if it is rolled back" in held
+    # The archivers read the ConfigMap's key as the kubelet updates it: no pod restarts for it.
+    archiver = next(c for c in pod_spec(restoring)["initContainers"] if c["name"] == "wal-archiver")
+    assert {"name": "config", "mountPath": "/etc/statefleet", "readOnly": True} in archiver["volumeMounts"]
+    assert "wal-archive-hold" not in json.dumps(pod_spec(restoring))
+    # archive_command fails at once, saying why, and leaves the file to the server.
+    script = config(restoring)["archive-wal.sh"].replace("/etc/statefleet", str(tmp_path))
+    (tmp_path / "wal-archive-hold").write_text(held)
+    failed = subprocess.run(
+        ["bash", "-c", script, "archive", "000000020000000000000003"], capture_output=True
+    )
+    assert failed.returncode == 1
+    assert b"is not archived now: a restore over the instance (Restore undo" in failed.stderr
+
+
+def test_the_hold_lasts_while_the_restore_is_under_way_and_ends_with_it() -> None:
+    request = {"token": "0a1b2c3d", "restore": "undo", "mode": "restore"}
+    assert archive_hold(None, None) == ""
+    assert "token 0a1b2c3d" in archive_hold(request, None)  # asked: the instance is about to stop
+    assert archive_hold({**request, "mode": "rollback"}, {"phase": "Restored"})  # being undone
+    # The Restore gone (kept, or undone) while the record is still under way: still held.
+    assert archive_hold(None, {"token": "0a1b2c3d", "restore": "undo", "phase": "Stopping"})
+    for finished in ("Restored", "RolledBack", "Committed"):
+        assert archive_hold(None, {"token": "0a1b2c3d", "phase": finished}) == ""
+
+
+def test_a_held_archiver_turns_the_condition_false_saying_why() -> None:
+    held = ArchiverReport(
+        failing=False,
+        held="a restore over the instance (Restore undo) is under way",
+        pending=2,
+        pending_bytes=32 * 2**20,
+    )
+    condition = archiving_condition("demo-0", held, primary_ready=True)
+    assert (condition.status, condition.reason) == (False, "ArchivingHeld")
+    assert "demo-0 holds its WAL: a restore over the instance (Restore undo)" in condition.message
+    assert "2 WAL files (32 MiB) wait on the volume" in condition.message
+
+
 def report_facts(report: ArchiverReport | None) -> Inspection:
     facts = ServerFacts(NO_ANSWERS, None, {}, {}, "demo-0", frozenset(), {"demo-0": report})
     return Inspection(at=0.0, facts=facts, answered=True)
@@ -289,3 +342,22 @@ def test_however_quiet_the_instance_its_archivers_are_asked_again_soon() -> None
     assert next_inspection(None, tls_reload=False, archives=True) == ARCHIVE_REPORTS_EVERY
     assert next_inspection(0.2, tls_reload=False, archives=True) == 0.2  # a failover's pace stays
     assert next_inspection(None, tls_reload=True, archives=True) == ARCHIVE_REPORTS_EVERY
+
+
+def test_each_pod_is_labelled_with_the_hold_so_that_its_kubelet_updates_it_at_once() -> None:
+    record = {"token": "0a1b2c3d", "restore": "undo", "mode": "restore", "pod": "demo-0", "phase": "Restored"}
+    pods = [ready_pod("demo-0"), ready_pod("demo-1")]
+
+    def labels(**extra: Any) -> dict[str, dict[str, str]]:
+        seen = observed(
+            SPEC, references={"walStorage": STORAGE}, pods=pods, status={"inPlaceRestore": record}, **extra
+        )
+        return plan(PLUGIN, seen, CATALOG, "uid-1").operations.pod_labels
+
+    checking = labels(annotations=REQUEST)  # restored, its check running
+    assert {pod: found["statefleet.dev/wal-archive"] for pod, found in checking.items()} == {
+        "demo-0": "held",
+        "demo-1": "held",
+    }
+    kept = labels()  # the Restore done: its request gone
+    assert {found["statefleet.dev/wal-archive"] for found in kept.values()} == {"archiving"}
