@@ -36,6 +36,7 @@ from framework.kube.status import without_kopf
 from framework.kube.times import format_time
 from framework.plugin import (
     INVALID_SPEC,
+    RENDER_FAILED,
     TLS_CA,
     TLS_SERVER,
     Observed,
@@ -45,7 +46,7 @@ from framework.plugin import (
     UnknownAction,
     decided,
 )
-from framework.render import render_children
+from framework.render import RenderFailed, render_children
 
 
 @dataclass
@@ -150,10 +151,13 @@ def plan(
         "tools_image": tools_image,  # Statefleet's own image, for init containers that run our code
         **service.context,
     }
-    children = [
-        decorate(child, labels, owner, observed.namespace)
-        for child in render_children(plugin.service, context)
-    ]
+    try:
+        rendered_children = render_children(plugin.service, context)
+    except RenderFailed as error:  # never let it stop the probes, labels and failover
+        return _invalid(
+            observed, RENDER_FAILED, f"the templates could not render this spec: {error}", operations
+        )
+    children = [decorate(child, labels, owner, observed.namespace) for child in rendered_children]
 
     observed = decided(observed, operations)  # what the plugin decided (a new primary) is true now
     reading = service.reading

@@ -166,6 +166,7 @@ class InstanceStatus(StatusModel):
 
 INVALID_SPEC = "InvalidSpec"  # the spec cannot be served: nothing is applied, nothing operated
 CHANGE_REFUSED = "ChangeRefused"  # applying the spec would lose data: not applied, still operated
+RENDER_FAILED = "RenderFailed"  # the templates could not take the spec: not applied, still operated
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,10 @@ import yaml
 TEMPLATES_DIR = Path(__file__).resolve().parent.parent / "templates"
 
 
+class RenderFailed(Exception):
+    """A template could not render the context, or rendered what is not YAML."""
+
+
 @functools.cache
 def environment(root: Path = TEMPLATES_DIR) -> jinja2.Environment:
     env = jinja2.Environment(
@@ -34,8 +38,10 @@ def render_children(
     for template_name in sorted(
         n for n in env.list_templates() if n.startswith(f"{service}/") and n.endswith(".yaml.j2")
     ):
-        text = env.get_template(template_name).render(**context)
-        for document in yaml.safe_load_all(text):
-            if document:
-                children.append(document)
+        try:
+            text = env.get_template(template_name).render(**context)
+            documents = list(yaml.safe_load_all(text))
+        except (jinja2.TemplateError, yaml.YAMLError, ValueError, TypeError) as error:
+            raise RenderFailed(f"{template_name}: {type(error).__name__}: {error}") from error
+        children.extend(document for document in documents if document)
     return children

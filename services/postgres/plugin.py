@@ -53,7 +53,7 @@ from services.postgres.primary import (
     ordinal,
     plan_primary,
 )
-from services.postgres.spec import PostgresSpec, PostgresStatus
+from services.postgres.spec import PostgresSpec, PostgresStatus, template_hazards
 from services.postgres.users import PostgresUserKind
 from services.postgres.wal_archive import (
     ARCHIVER_PORT,
@@ -253,6 +253,9 @@ class PostgresPlugin(ServicePlugin):
         )
 
     def refusal(self, spec: PostgresSpec, observed: Observed) -> str | None:
+        hazard = template_hazards(spec)
+        if hazard:
+            return hazard
         running = observed.status.get("version")
         if running and spec.version and major(spec.version) != major(running) and observed.statefulset:
             # The data directory of one major version does not start under another.

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
-from pydantic import ConfigDict, Field, field_validator, model_validator
+import re
+from typing import Annotated
+
+from pydantic import ConfigDict, Field, model_validator
 
 from backup.in_place import InPlaceRecord
 from framework.kube.model import ApiModel, StatusModel
 from framework.spec import BootstrapSpec, DeletionPolicy, PodTemplateOverrides, ResourcesSpec, StorageSpec
 from services.postgres.wal_archive import ArchiverReport, WalArchiveSpec
 
-# Set by the operator: a user's value would break replication, probes or the Services.
+# Set by the operator, matched as PostgreSQL matches names (case-insensitively): a user's value
+# would break replication, probes, failover, TLS, archiving, recovery or the Services.
 MANAGED_PARAMETERS = frozenset(
     {
         "listen_addresses",
@@ -18,21 +22,37 @@ MANAGED_PARAMETERS = frozenset(
         "ident_file",
         "data_directory",
         "config_file",
+        "external_pid_file",
+        "unix_socket_directories",
         "hot_standby",
-        "primary_conninfo",
-        "primary_slot_name",
         "synchronous_standby_names",
         "wal_log_hints",
-        "recovery_target_timeline",
-        "unix_socket_directories",
-        # continuous archiving (spec.walArchive)
-        "archive_mode",
-        "archive_command",
-        "archive_library",
-        "archive_timeout",
+        "wal_receiver_timeout",
+        "wal_sender_timeout",
+        "wal_retrieve_retry_interval",
         "restore_command",
     }
 )
+# Whole families: archive_* (spec.walArchive), ssl* (the operator's certificates), include*
+# (another file could set any of these), recovery_* and primary_* (replication, restores).
+MANAGED_PREFIXES = ("archive_", "ssl", "include", "recovery_", "primary_")
+# A name as postgresql.conf reads it: a word, or a custom class's `prefix.word`.
+PARAMETER_NAME = "^[A-Za-z_][A-Za-z0-9_]*([.][A-Za-z_][A-Za-z0-9_]*)?$"  # RE2 and Python alike
+PARAMETER_NAME_LENGTH = 63  # NAMEDATALEN - 1
+VALUE_LENGTH = 4096
+# Control characters (a newline above all) would leave their line in postgresql.conf or
+# pg_hba.conf, and their place in the ConfigMap the operator applies.
+CONTROL = r"[\x00-\x1f\x7f]"
+CEL_CONTROL = "[[:cntrl:]]"  # the same class in RE2's words (CEL has no escapes in it then)
+
+
+def managed_parameter(name: str) -> bool:
+    lowered = name.lower()
+    return lowered in MANAGED_PARAMETERS or lowered.startswith(MANAGED_PREFIXES)
+
+
+def _cel_list(values: frozenset[str] | tuple[str, ...]) -> str:
+    return "[" + ", ".join(f"'{value}'" for value in sorted(values)) + "]"
 
 
 class SynchronousSpec(ApiModel):
@@ -72,22 +92,46 @@ class PostgresSpec(ApiModel):
     )
     storage: StorageSpec
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
-    parameters: dict[str, str] = Field(
+    parameters: dict[str, Annotated[str, Field(max_length=VALUE_LENGTH)]] = Field(
         default_factory=dict,
         max_length=200,  # a bound the API server's CEL cost estimate needs
         description="postgresql.conf parameters, e.g. {max_connections: '200'}.",
         json_schema_extra={
             "x-kubernetes-validations": [
                 {
-                    "rule": "self.all(k, !(k in " + str(sorted(MANAGED_PARAMETERS)).replace("'", '"') + "))",
+                    "rule": f"self.all(k, size(k) <= {PARAMETER_NAME_LENGTH} "
+                    f"&& k.matches('{PARAMETER_NAME}'))",
+                    "message": "parameter names are PostgreSQL's: letters, digits and underscores "
+                    "(a custom one: prefix.name), at most 63 characters",
+                },
+                {
+                    "rule": f"self.all(k, !(k.lowerAscii() in {_cel_list(MANAGED_PARAMETERS)})"
+                    + "".join(f" && !k.lowerAscii().startsWith('{prefix}')" for prefix in MANAGED_PREFIXES)
+                    + ")",
                     "message": "parameters may not set what the operator manages: "
-                    + ", ".join(sorted(MANAGED_PARAMETERS)),
-                }
+                    + ", ".join(sorted(MANAGED_PARAMETERS))
+                    + ", and every "
+                    + ", ".join(f"{prefix}*" for prefix in MANAGED_PREFIXES),
+                },
+                {
+                    "rule": f"self.all(k, !self[k].matches('{CEL_CONTROL}'))",
+                    "message": "parameter values may not hold control characters (a newline, a tab)",
+                },
             ]
         },
     )
-    pg_hba: list[str] = Field(
-        default_factory=list, description="Extra pg_hba.conf lines, placed before the operator's own."
+    pg_hba: list[Annotated[str, Field(max_length=VALUE_LENGTH)]] = Field(
+        default_factory=list,
+        max_length=100,
+        description="Extra pg_hba.conf lines, placed before the operator's own.",
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": f"self.all(line, !line.matches('{CEL_CONTROL}'))",
+                    "message": "pgHba lines may not hold control characters: one line per item",
+                }
+            ]
+        },
     )
     synchronous: SynchronousSpec | None = Field(
         default=None, description="Synchronous replication; asynchronous when absent."
@@ -114,14 +158,6 @@ class PostgresSpec(ApiModel):
                 f"{self.synchronous.number + 1} instances, not {self.instances}"
             )
         return self
-
-    @field_validator("parameters")
-    @classmethod
-    def no_managed_parameters(cls, parameters: dict[str, str]) -> dict[str, str]:
-        managed = sorted(set(parameters) & MANAGED_PARAMETERS)
-        if managed:
-            raise ValueError(f"{', '.join(managed)} managed by the operator")
-        return parameters
 
 
 class FailoverStatus(StatusModel):
@@ -176,3 +212,20 @@ class PostgresStatus(StatusModel):
     wal_archive: ArchiverReport | None = Field(
         default=None, description="continuous archiving, as the primary's WAL archiver last reported it"
     )
+
+
+def template_hazards(spec: PostgresSpec) -> str | None:
+    """What in the spec the templates cannot take safely, naming the field (None: nothing).
+    Admission refuses all of it; this also covers an object stored before a rule existed, whose
+    change is then refused while the instance stays operated (probes, labels, failover)."""
+    for name, value in spec.parameters.items():
+        if len(name) > PARAMETER_NAME_LENGTH or not re.match(PARAMETER_NAME, name):
+            return f"spec.parameters.{name}: not a PostgreSQL parameter name"
+        if managed_parameter(name):
+            return f"spec.parameters.{name}: managed by the operator"
+        if re.search(CONTROL, value):
+            return f"spec.parameters.{name}: {value!r} holds control characters"
+    for index, line in enumerate(spec.pg_hba):
+        if re.search(CONTROL, line):
+            return f"spec.pgHba[{index}]: {line!r} holds control characters: one line per item"
+    return None

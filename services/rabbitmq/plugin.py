@@ -39,7 +39,7 @@ from framework.volumes import claim_context, refuse_storage_change
 from services.rabbitmq import scale_down
 from services.rabbitmq.cluster import ClusterView, NodeAnswer, node_name, pod_of, read_cluster
 from services.rabbitmq.management import Management, ManagementError
-from services.rabbitmq.spec import RabbitMQSpec, RabbitMQStatus
+from services.rabbitmq.spec import RabbitMQSpec, RabbitMQStatus, config_hazard
 from services.rabbitmq.users import RabbitMQPermissionKind, RabbitMQUserKind, RabbitMQVhostKind
 
 DEFAULT_USER = GeneratedSecret("default-user", random=("username", "password"))
@@ -183,7 +183,11 @@ class RabbitMQPlugin(ServicePlugin):
         view = cluster_view(spec, observed)
         step = scale_down_step(spec, observed, view, now) if scaling_down(spec.replicas, observed) else None
         operations = self.operations(observed, view, step, stuck_in_boot(observed, view, now))
-        refusal = (step.refusal if step else None) or refuse_storage_change(spec.storage, observed)
+        refusal = (
+            config_hazard(spec.config)
+            or (step.refusal if step else None)
+            or refuse_storage_change(spec.storage, observed)
+        )
         if refusal:
             return ServicePlan(None, operations, refusal=Refusal(CHANGE_REFUSED, refusal))
         # The templates render from the status as read; the reading is of what was decided.

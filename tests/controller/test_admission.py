@@ -36,6 +36,18 @@ def test_rabbitmq_config_may_not_set_what_the_operator_manages(kube: Client, nam
     assert refused.value.status.code == 422
     assert "spec.config" in refused.value.status.message
     assert "config may not set what the operator manages" in refused.value.status.message
+    # A value that would leave its line in rabbitmq.conf (and its place in the ConfigMap).
+    for config, said in (
+        ({"log.console.level": "info\nloopback_users.guest = false"}, "config values may not hold control"),
+        ({"log console": "info"}, "config keys are rabbitmq.conf's"),
+    ):
+        with pytest.raises(ApiError) as refused:
+            create_rabbitmq(
+                kube, namespace, "events", {"replicas": 1, "storage": {"size": "1Gi"}, "config": config}
+            )
+        assert refused.value.status.code == 422
+        assert "spec.config" in refused.value.status.message
+        assert said in refused.value.status.message
 
 
 def test_mongodb_members_the_server_cannot_keep_are_refused(kube: Client, namespace: str) -> None:

@@ -49,6 +49,25 @@ def test_what_the_schema_can_say_is_refused_at_admission(kube: Client, namespace
     with pytest.raises(ApiError) as refused:
         create(kube, namespace, "managed", {**SMALL, "parameters": {"port": "6000"}})
     assert "parameters may not set what the operator manages" in refused.value.status.message
+    # Matched as PostgreSQL matches names, whole families included; values that would leave their
+    # line in postgresql.conf (and their place in the ConfigMap) are refused, naming the field.
+    for name, parameters, said in (
+        ("cased", {"Archive_Command": "true"}, "parameters may not set what the operator manages"),
+        ("family", {"ssl_ciphers": "HIGH"}, "parameters may not set what the operator manages"),
+        ("newline", {"work_mem": "4MB\n"}, "parameter values may not hold control characters"),
+        ("named", {"work mem": "4MB"}, "parameter names are PostgreSQL's"),
+    ):
+        with pytest.raises(ApiError) as refused:
+            create(kube, namespace, name, {**SMALL, "parameters": parameters})
+        assert refused.value.status.code == 422
+        assert "spec.parameters" in refused.value.status.message
+        assert said in refused.value.status.message
+    with pytest.raises(ApiError) as refused:
+        create(
+            kube, namespace, "hba", {**SMALL, "pgHba": ["host all all 0.0.0.0/0 trust\nlocal all all trust"]}
+        )
+    assert "spec.pgHba" in refused.value.status.message
+    assert "pgHba lines may not hold control characters" in refused.value.status.message
 
     with pytest.raises(ApiError) as refused:
         create(kube, namespace, "lonely", {**SMALL, "instances": 2, "synchronous": {"number": 2}})

@@ -169,9 +169,21 @@ def test_the_crd_refuses_managed_config_with_cel() -> None:
     config = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"][
         "config"
     ]
-    rule = config["x-kubernetes-validations"][0]["rule"]
-    assert '!k.startsWith("cluster_formation.")' in rule
-    assert '!k.startsWith("default_user")' in rule
+    rules = " ".join(rule["rule"] for rule in config["x-kubernetes-validations"])
+    assert '!k.startsWith("cluster_formation.")' in rules
+    assert '!k.startsWith("default_user")' in rules
+    assert "!self[k].matches('[[:cntrl:]]')" in rules  # no value leaves its line
+
+
+def test_a_config_the_file_cannot_take_is_refused_while_the_cluster_is_still_operated() -> None:
+    """An object stored before the rules: its change refused, naming the entry, the cluster
+    still operated (the same refusal as a change that would lose data)."""
+    planned = plan(PLUGIN, observed({**SPEC, "config": {"a": "1\nb = 2"}}), CATALOG, "uid-1")
+    ready = next(c for c in planned.status["conditions"] if c["type"] == "Ready")
+    assert (ready["reason"], ready["message"]) == (
+        "ChangeRefused",
+        "spec.config.a: '1\\nb = 2' holds control characters: one rabbitmq.conf line each",
+    )
 
 
 def test_a_shrinking_volume_is_refused() -> None:
