@@ -45,6 +45,12 @@ class PodTemplateOverrides(ApiModel):
     affinity: dict[str, Any] | None = Field(
         default=None, json_schema_extra={"x-kubernetes-preserve-unknown-fields": True}
     )
+    topology_spread_constraints: list[dict[str, Any]] | None = Field(
+        default=None,
+        description="The pods' topologySpreadConstraints. Absent: spread over nodes and zones as far as "
+        "the cluster allows (maxSkew 1, ScheduleAnyway); [] for none; DoNotSchedule to require it.",
+        json_schema_extra={"items": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}},
+    )
 
 
 class BackupRef(ApiModel):

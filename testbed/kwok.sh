@@ -10,7 +10,8 @@
 # pod-ready.stage.kwok.x-k8s.io/jitter-delay (durations such as "3s"; kwok takes the smaller of
 # the two, so a delay longer than the jitter needs both).
 # Simulated nodes carry the taint kwok.x-k8s.io/node=fake:NoSchedule and the label
-# type=kwok: a workload opts in with a toleration and a node selector.
+# type=kwok: a workload opts in with a toleration and a node selector. They are in zones
+# zone-0, zone-1 and zone-2 (topology.kubernetes.io/zone), in turn.
 # shellcheck source=testbed/lib.sh
 source "$(dirname "$0")/lib.sh"
 
@@ -63,6 +64,7 @@ metadata:
     kubernetes.io/arch: amd64
     kubernetes.io/os: linux
     kubernetes.io/hostname: kwok-node-$i
+    topology.kubernetes.io/zone: zone-$((i % 3))
     type: kwok
 spec:
   taints: [{key: kwok.x-k8s.io/node, value: fake, effect: NoSchedule}]

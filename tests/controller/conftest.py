@@ -56,3 +56,16 @@ def namespace(
     name = new_test_namespace(kube, request)
     yield name
     deleted_namespaces.delete(name)
+
+
+@pytest.fixture
+def pods_namespace(
+    kube: Client,
+    deleted_namespaces: DeletedNamespaces,
+    operator: InProcessOperator,
+    request: pytest.FixtureRequest,
+) -> Iterator[str]:
+    """A fresh namespace whose pods may exist (they go to kwok's nodes), deleted afterwards."""
+    name = new_test_namespace(kube, request, pods=True)
+    yield name
+    deleted_namespaces.delete(name)

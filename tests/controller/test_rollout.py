@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +21,6 @@ from lightkube.resources.core_v1 import Pod, Secret
 from e2e import test_rollout as e2e
 from e2e.kube import REPO, get_or_none, kubeconfig_path, wait_until
 from e2e.manifests import statefulset
-from e2e.namespaces import DeletedNamespaces
-from e2e.operator_process import InProcessOperator
 from e2e.receiver import receiving
 from e2e.test_rollout import (
     ISSUE_STEPS,
@@ -39,22 +36,14 @@ from e2e.test_rollout import (
     wait_versions,
     with_notifications,
 )
-from tests.controller.conftest import new_test_namespace
 
 pytestmark = pytest.mark.controller
 
 
 @pytest.fixture
-def namespace(
-    kube: Client,
-    deleted_namespaces: DeletedNamespaces,
-    operator: InProcessOperator,
-    request: pytest.FixtureRequest,
-) -> Iterator[str]:
+def namespace(pods_namespace: str) -> str:
     """A namespace whose pods go to kwok's nodes (overrides the one that allows no pod)."""
-    name = new_test_namespace(kube, request, pods=True)
-    yield name
-    deleted_namespaces.delete(name)
+    return pods_namespace
 
 
 def rollout(version: str, steps: list[dict[str, Any]], replicas: int = 5, **strategy: Any) -> dict[str, Any]:
