@@ -89,3 +89,4 @@ bench: testbed-up ## benchmarks (figures and ratios against a baseline measured 
 	$(PY) -m e2e.bench.wal_archive --wal-mb 1024 --repeats 3
 	$(PY) -m e2e.bench.wal_restore --wal-mb 1024 --repeats 3 --local
 	$(PY) -m e2e.bench.base_backup --size-mb 1024 --repeats 3
+	$(PY) -m e2e.bench.base_backup --size-mb 1024 --repeats 3 --pitr-wal-mb 2048

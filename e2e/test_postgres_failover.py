@@ -495,10 +495,11 @@ def test_a_restore_to_a_point_in_time_undoes_a_drop_across_the_failovers(
         kube.get(Postgres, "never", namespace=namespace)
 
     # A recovery over the instance whose check fails: it is rolled back, and the timeline the
-    # recovered server had promoted itself to never reaches the archive (every later recovery to
-    # the latest point would follow it); the instance's own WAL is archived again, with no gap.
+    # recovered server had promoted itself to never reaches the archive (a later recovery to the
+    # latest point could follow it); the instance's own WAL is archived again, with no gap, and
+    # every timeline in the archive is one of its own history (its old primary, promoted again
+    # once its data is back, may take the same number: then that one is its own).
     over = {"kind": "Postgres", "name": "demo", "replace": True}
-    histories = {name for name in archived(archive_bucket, namespace) if HISTORY.match(name)}
     checked = {"query": "SELECT false", "database": "postgres"}
     point_in_time = {"instance": "demo", "time": point}
     apply(
@@ -509,7 +510,15 @@ def test_a_restore_to_a_point_in_time_undoes_a_drop_across_the_failovers(
     assert query(kube, namespace, "demo-rw", "select to_regclass('later') is not null") is True
     missing = gaps_through(kube, namespace, archive_bucket)
     wait_until("the instance's own WAL archived again", lambda: missing() == [], timeout=90, interval=2)
-    assert {name for name in archived(archive_bucket, namespace) if HISTORY.match(name)} == histories
+    files = archived(archive_bucket, namespace)
+    current = int(query(kube, namespace, "demo-rw", "select pg_walfile_name(pg_current_wal_lsn())")[:8], 16)
+    own = query(kube, namespace, "demo-rw", f"select pg_read_file('pg_wal/{current:08X}.history')")
+    body = s3_api(s3_settings()).get_object(Bucket=archive_bucket, Key=files[f"{current:08X}.history"])[
+        "Body"
+    ]
+    assert zstandard.ZstdDecompressor().decompress(body.read()).decode() == own
+    lineage = {int(line.split()[0]) for line in own.splitlines() if line.strip()} | {current}
+    assert {int(name[:8], 16) for name in files if HISTORY.match(name)} <= lineage, own
     assert archiving(kube, namespace).get("status") == "True"
 
     # The same point over the instance itself, through the in-place machinery: its primary

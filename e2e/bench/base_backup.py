@@ -27,7 +27,13 @@ taking turns, `--repeats` times each:
 The restore's clock runs from the first byte read until the server says it is ready to accept
 connections (the chown of the files between, which a pod does not need, is not counted).
 
-    .venv/bin/python -m e2e.bench.base_backup [--size-mb 1024] [--repeats 3]
+With `--pitr-wal-mb N`, point-in-time recovery instead: one backup by each tool, then N MiB of
+WAL from pgbench's transactions (4 clients), a restore point and a few seconds of writes after
+it, all archived by every tool; each run then restores each tool's backup and recovers to the
+restore point (`recovery_target_name`; `pgbackrest restore --type=name`), and the server's
+pgbench_history must hold exactly the rows it held at the point.
+
+    .venv/bin/python -m e2e.bench.base_backup [--size-mb 1024] [--repeats 3] [--pitr-wal-mb 2048]
 """
 
 from __future__ import annotations
@@ -44,6 +50,7 @@ import sys
 import tempfile
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -75,6 +82,28 @@ BARMAN = "barman"
 
 def storage(bucket: str) -> dict[str, str]:
     return {"endpoint": s3_settings()["S3_ENDPOINT"], "bucket": bucket, "credentialsSecret": "k"}
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where a restore's recovery stops, as each tool is told."""
+
+    ours: dict[str, Any]  # services.postgres.point_in_time.RecoveryTarget
+    settings: tuple[str, ...]  # postgresql.auto.conf, for barman's restore
+    pgbackrest: tuple[str, ...]  # pgbackrest restore's options
+    history: int | None = None  # pgbench_history's rows at the target, checked once it serves
+
+
+IMMEDIATE = Target({"immediate": True}, ("recovery_target = 'immediate'",), ("--type=immediate",))
+
+
+def restore_point(name: str, history: int) -> Target:
+    return Target(
+        {"name": name},
+        (f"recovery_target_name = '{name}'", "recovery_target_timeline = 'latest'"),
+        ("--type=name", f"--target={name}"),
+        history,
+    )
 
 
 class Source:
@@ -208,14 +237,14 @@ def backup_pgbackrest(source: Source, run: int) -> dict[str, Any]:
     return {"seconds": seconds, "stored": newest["info"]["repository"]["delta"], "location": newest["label"]}
 
 
-def restore_pgbackrest(source: Source, label: str) -> dict[str, float]:
+def restore_pgbackrest(source: Source, label: str, target: Target = IMMEDIATE) -> dict[str, float]:
     root = owned(Path(tempfile.mkdtemp(prefix="bench-base-pgbackrest-")))
     try:
         data = owned(root / "data")
         data.chmod(0o700)
         started = time.monotonic()
         source.pgbackrest.run(
-            "restore", f"--pg1-path={data}", f"--set={label}", "--type=immediate", "--target-action=promote"
+            "restore", f"--pg1-path={data}", f"--set={label}", *target.pgbackrest, "--target-action=promote"
         )
         files = time.monotonic() - started
         command = " ".join(source.pgbackrest.argv("archive-get", f"--pg1-path={data}", "%f", '"%p"'))
@@ -225,7 +254,9 @@ def restore_pgbackrest(source: Source, label: str) -> dict[str, float]:
         shutil.rmtree(root, ignore_errors=True)
 
 
-def serve(data: Path, root: Path, restore_command: str, ours: dict[str, Any] | None) -> float:
+def serve(
+    data: Path, root: Path, restore_command: str, ours: dict[str, Any] | None, target: Target = IMMEDIATE
+) -> float:
     """The restored data directory started until it serves; the seconds it took."""
     for path in [data, *data.rglob("*")]:
         shutil.chown(path, RUN_AS, RUN_AS)
@@ -236,7 +267,7 @@ def serve(data: Path, root: Path, restore_command: str, ours: dict[str, Any] | N
     settings = [line for line in auto.read_text().splitlines() if not line.startswith(dropped)]
     settings += [f"restore_command = '{restore_command}'", "archive_mode = off"]
     if ours is None:
-        settings += ["recovery_target = 'immediate'", "recovery_target_action = 'promote'"]
+        settings += [*target.settings, "recovery_target_action = 'promote'"]
         (data / "recovery.signal").touch()
         shutil.chown(data / "recovery.signal", RUN_AS, RUN_AS)
     auto.write_text("\n".join(settings) + "\n")
@@ -272,6 +303,15 @@ def serve(data: Path, root: Path, restore_command: str, ours: dict[str, Any] | N
         ).stdout.strip()  # fmt: skip
         if promoted != "t":
             raise RuntimeError(f"the restored server does not serve its data:\n{log.read_text()[-2000:]}")
+        if target.history is not None:
+            history = as_postgres(
+                str(postgres_bin() / "psql"), "-h", str(root), "-U", "postgres", "-Atqc",
+                "select count(*) from pgbench_history",
+            ).stdout.strip()  # fmt: skip
+            if history != str(target.history):
+                raise RuntimeError(
+                    f"recovered {history} pgbench_history rows, not the target's {target.history}"
+                )
         return seconds
     finally:
         if sidecar:
@@ -280,7 +320,7 @@ def serve(data: Path, root: Path, restore_command: str, ours: dict[str, Any] | N
         stop_server(data)
 
 
-def restore_ours(source: Source, location: str) -> dict[str, float]:
+def restore_ours(source: Source, location: str, target: Target = IMMEDIATE) -> dict[str, float]:
     root = owned(Path(tempfile.mkdtemp(prefix="bench-base-ours-")))
     try:
         data = root / "data"
@@ -290,7 +330,7 @@ def restore_ours(source: Source, location: str) -> dict[str, float]:
         client = s3_client(spec, *keys().values())
         manifest = read_manifest(client, spec, location)
         os.environ["PGDATA"] = str(data)
-        point = {"archive": archive, "target": {"immediate": True}}
+        point = {"archive": archive, "target": target.ours}
         with contextlib.redirect_stdout(io.StringIO()):  # its progress lines, for the operator
             DRIVER.bootstrap(manifest, streamed_source(client, spec, manifest), point)
         files = time.monotonic() - started
@@ -307,13 +347,13 @@ def restore_ours(source: Source, location: str) -> dict[str, float]:
             "STATEFLEET_WAL_RESTORE_SPOOL": str(spool),
             **keys(),
         }
-        recovery = serve(data, root, f'bash {script} "%f" "%p"', sidecar)
+        recovery = serve(data, root, f'bash {script} "%f" "%p"', sidecar, target)
         return {"files": files, "recovery": recovery}
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
 
-def restore_barman(source: Source, name: str) -> dict[str, float]:
+def restore_barman(source: Source, name: str, target: Target = IMMEDIATE) -> dict[str, float]:
     root = owned(Path(tempfile.mkdtemp(prefix="bench-base-barman-")))
     try:
         data = root / "data"
@@ -329,16 +369,48 @@ def restore_barman(source: Source, name: str) -> dict[str, float]:
         wal = f"s3://{source.bucket}/{BARMAN}"
         tool = f"{barman_bin()}/barman-cloud-wal-restore"
         command = f"env {credentials} {tool} --endpoint-url {endpoint} {wal} demo %f %p"
-        recovery = serve(data, root, command, None)
+        recovery = serve(data, root, command, None, target)
         return {"files": files, "recovery": recovery}
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+def write_wal(source: Source, wal_mb: int) -> Target:
+    """pgbench's transactions (4 clients) until `wal_mb` of WAL follows the backups, then a
+    restore point, a few seconds more that the recoveries must leave out, all of it archived
+    by every tool."""
+    server = source.server
+    since = server.sql("select pg_current_wal_lsn()")
+    while int(float(server.sql(f"select pg_current_wal_lsn() - '{since}'"))) < wal_mb * MiB:
+        server.pgbench("-c", "4", "-j", "2", "-T", "10")
+    history = int(server.sql("select count(*) from pgbench_history"))
+    server.sql("select pg_create_restore_point('bench-target')")
+    server.pgbench("-c", "4", "-j", "2", "-T", "2")
+    server.sql("select pg_switch_wal()")
+    drained(server)
+    return restore_point("bench-target", history)
+
+
+def ratios(results: dict[str, list[dict[str, Any]]], what: str, label: str) -> None:
+    medians = {tool: statistics.median(r[what] for r in runs) for tool, runs in results.items()}
+    print(
+        f"median {label}: "
+        + ", ".join(f"{tool} {seconds:.1f} s" for tool, seconds in medians.items())
+        + "; ours is "
+        + ", ".join(f"{medians[t] / medians['ours']:.2f}x as fast as {t}" for t in medians if t != "ours")
+    )
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size-mb", type=int, default=1024)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--pitr-wal-mb",
+        type=int,
+        default=0,
+        help="instead: one backup each, then this much WAL, then each restore recovers to a point after it",
+    )
     args = parser.parse_args()
     barman_bin()
     tools = {
@@ -353,35 +425,63 @@ def main() -> int:
             source = Source(root, bucket, args.size_mb)
             try:
                 print(f"the databases hold {source.size / MiB:.0f} MiB", flush=True)
-                for run in range(args.repeats):
-                    for tool in list(tools)[run % 3 :] + list(tools)[: run % 3]:  # each first once
-                        take, bring_back = tools[tool]
-                        taken = take(source, run)
-                        restored = bring_back(source, taken["location"])
-                        result = {**taken, **restored, "restore": restored["files"] + restored["recovery"]}
-                        results[tool].append(result)
-                        print(
-                            f"run {run + 1} {tool:>6}: backup {taken['seconds']:.1f} s "
-                            f"({source.size / MiB / taken['seconds']:.1f} MiB/s, "
-                            f"stored {taken['stored'] / MiB:.0f} MiB); "
-                            f"restore {result['restore']:.1f} s (files {restored['files']:.1f} s, recovery "
-                            f"{restored['recovery']:.1f} s)",
-                            flush=True,
-                        )
+                if args.pitr_wal_mb:
+                    point_in_time(source, tools, args.pitr_wal_mb, args.repeats, results)
+                else:
+                    backups_and_restores(source, tools, args.repeats, results)
             finally:
                 source.close()
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    for what in ("seconds", "restore"):
-        medians = {tool: statistics.median(r[what] for r in results[tool]) for tool in tools}
-        label = "backup" if what == "seconds" else "restore"
-        print(
-            f"median {label}: "
-            + ", ".join(f"{tool} {seconds:.1f} s" for tool, seconds in medians.items())
-            + "; ours is "
-            + ", ".join(f"{medians[t] / medians['ours']:.2f}x as fast as {t}" for t in tools if t != "ours")
-        )
+    if args.pitr_wal_mb:
+        ratios(results, "restore", f"recovery to a point {args.pitr_wal_mb} MiB of WAL after the backup")
+    else:
+        ratios(results, "seconds", "backup")
+        ratios(results, "restore", "restore")
     return 0
+
+
+Tools = dict[str, tuple[Any, Any]]
+
+
+def backups_and_restores(source: Source, tools: Tools, repeats: int, results: dict[str, list[Any]]) -> None:
+    for run in range(repeats):
+        for tool in list(tools)[run % 3 :] + list(tools)[: run % 3]:  # each first once
+            take, bring_back = tools[tool]
+            taken = take(source, run)
+            restored = bring_back(source, taken["location"])
+            result = {**taken, **restored, "restore": restored["files"] + restored["recovery"]}
+            results[tool].append(result)
+            print(
+                f"run {run + 1} {tool:>6}: backup {taken['seconds']:.1f} s "
+                f"({source.size / MiB / taken['seconds']:.1f} MiB/s, "
+                f"stored {taken['stored'] / MiB:.0f} MiB); "
+                f"restore {result['restore']:.1f} s (files {restored['files']:.1f} s, recovery "
+                f"{restored['recovery']:.1f} s)",
+                flush=True,
+            )
+
+
+def point_in_time(
+    source: Source, tools: Tools, wal_mb: int, repeats: int, results: dict[str, list[Any]]
+) -> None:
+    taken = {tool: take(source, 0) for tool, (take, _) in tools.items()}
+    for tool, backup in taken.items():
+        print(f"{tool:>10}: backup {backup['seconds']:.1f} s", flush=True)
+    target = write_wal(source, wal_mb)
+    print(
+        f"{wal_mb} MiB of WAL written and archived; the point: {target.history} pgbench_history rows",
+        flush=True,
+    )
+    for run in range(repeats):
+        for tool in list(tools)[run % 3 :] + list(tools)[: run % 3]:
+            restored = tools[tool][1](source, taken[tool]["location"], target)
+            results[tool].append({**restored, "restore": restored["files"] + restored["recovery"]})
+            print(
+                f"run {run + 1} {tool:>10}: to the point in {restored['files'] + restored['recovery']:.1f} s "
+                f"(files {restored['files']:.1f} s, recovery {restored['recovery']:.1f} s)",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

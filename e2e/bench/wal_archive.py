@@ -404,13 +404,14 @@ def main() -> int:
     parser.add_argument("--wal-mb", type=int, default=1024)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--workload", choices=("init", "tpcb"), default="init")
+    parser.add_argument("--tools", default="ours,barman,pgbackrest", help="which of them, comma-separated")
     args = parser.parse_args()
     barman_bin()
-    tools = [ours, barman, pgbackrest]
+    tools = [tool for tool in (ours, barman, pgbackrest) if tool.__name__ in args.tools.split(",")]
     results: dict[str, list[dict[str, Any]]] = {tool.__name__: [] for tool in tools}
     with new_bucket() as bucket:
         for run in range(args.repeats):
-            for tool in tools[run % 3 :] + tools[: run % 3]:  # each first once
+            for tool in tools[run % len(tools) :] + tools[: run % len(tools)]:  # each first once
                 result = tool(bucket, args.wal_mb, run, args.workload)
                 files = result["wal_bytes"] // SEGMENT
                 if result["stored"] < files:
@@ -430,8 +431,10 @@ def main() -> int:
         "median WAL archiving rate: " + ", ".join(f"{tool} {rate:.1f} MiB/s" for tool, rate in rates.items())
     )
     for peer in ("barman", "pgbackrest"):
-        print(f"ratio ours/{peer}: {rates['ours'] / rates[peer]:.2f}x")
-    print(f"our archiver's peak memory: {max(r['peak_mib'] for r in results['ours']):.0f} MiB")
+        if peer in rates and "ours" in rates:
+            print(f"ratio ours/{peer}: {rates['ours'] / rates[peer]:.2f}x")
+    if results.get("ours"):
+        print(f"our archiver's peak memory: {max(r['peak_mib'] for r in results['ours']):.0f} MiB")
     return 0
 
 

@@ -318,7 +318,7 @@ class Archiver:
 
     def _forget(self, ready: dict[str, float]) -> None:
         """What the server is done with: failures of files no longer ready (stored by another
-        server, or gone), and words nobody will take."""
+        server, or gone), and the words of files it is done with (archive-wal.sh leaves them)."""
         for name in [name for name in self.failed if name not in ready]:
             del self.failed[name]
         if self.report.failing and not self.failed and not self.config_error:
