@@ -22,6 +22,7 @@ from lightkube import Client
 from lightkube.core.exceptions import ApiError
 from lightkube.resources.apps_v1 import StatefulSet
 from lightkube.resources.core_v1 import Pod, Secret
+from lightkube.types import PatchType
 
 from e2e import node
 from e2e.kube import apply, statefleet, wait_until
@@ -162,6 +163,30 @@ def test_the_primary_pod_deleted_writes_resume_without_loss(
         kube, namespace, cluster, lambda: kube.delete(Pod, cluster, namespace=namespace, grace_period=0)
     )
     assert took < 30, f"writes resumed {took:.1f} s after the deletion"
+
+
+def test_a_primary_pod_stuck_terminating_is_replaced_once_its_server_stopped(
+    kube: Client, namespace: str, cluster: str
+) -> None:
+    """A finalizer keeps the primary's pod (someone else's controller; a kubelet that is gone
+    acts alike) and `kubectl delete pod` stops its server at once: writes resume within
+    seconds, not when the finalizer goes (it was 394 s before)."""
+    since = this_second()
+    hold = {"metadata": {"finalizers": ["example.com/hold"]}}
+    kube.patch(Pod, cluster, hold, namespace=namespace, patch_type=PatchType.MERGE)
+    try:
+        kube.delete(Pod, cluster, namespace=namespace)  # its grace period: 30 s
+        at = time.monotonic()
+        insert(kube, namespace, range(101, 102), retry_for=60)
+        took = time.monotonic() - at
+        stuck = events(kube, namespace, "PrimaryStuckTerminating", since)
+        assert stuck, "no Event says why the switchover went on"
+        assert "server stopped but its pod is still being deleted" in (stuck[0].message or "")
+    finally:
+        released = {"metadata": {"finalizers": None}}
+        kube.patch(Pod, cluster, released, namespace=namespace, patch_type=PatchType.MERGE)
+    assert took < 15, f"writes resumed {took:.1f} s after the deletion"
+    assert role(kube, namespace, status_of(kube, namespace)["currentPrimary"]) == "primary"
 
 
 def test_the_primary_server_killed_writes_resume_without_loss(

@@ -20,6 +20,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from framework.kube.pods import pod_ready
 from framework.kube.secrets import SecretValues
+from framework.kube.times import parse_time
 from framework.plugin import Observed
 from framework.servers import Answers
 from services.postgres.primary import Facts, Member, parse_lsn
@@ -178,14 +179,29 @@ def members_of(observed: Observed, answers: Answers[Facts], probed_at: float) ->
     for pod in observed.pods:
         name = pod["metadata"]["name"]
         current = name in current_answers
+        deleted_at = pod["metadata"].get("deletionTimestamp")
         members[name] = Member(
             pod=name,
             ready=pod_ready(pod),
-            terminating=bool(pod["metadata"].get("deletionTimestamp")),
+            terminating=bool(deleted_at),
             facts=current_answers.get(name),
             probed_at=probed_at if current else 0.0,
+            server_stopped=bool(deleted_at) and server_stopped(pod),
+            # deletionTimestamp is when the grace period ends (the request's time plus it)
+            grace_ends=parsed.timestamp() if deleted_at and (parsed := parse_time(deleted_at)) else None,
         )
     return members
+
+
+SERVER_CONTAINER = "postgres"  # the server's container in the pod template
+
+
+def server_stopped(pod: dict[str, Any]) -> bool:
+    """The server's container was seen and is not running now."""
+    for status in (pod.get("status") or {}).get("containerStatuses") or []:
+        if status.get("name") == SERVER_CONTAINER:
+            return "running" not in (status.get("state") or {})
+    return False
 
 
 async def rw_endpoints(client: AsyncClient, namespace: str, name: str) -> frozenset[str]:

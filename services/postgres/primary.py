@@ -54,6 +54,8 @@ class Member:
     not_streaming_since: float | None = None
     silent_since: float | None = None  # not answering since (monotonic), None while it answers
     confirmed_primary: bool = False  # answered as a primary in this life of its pod
+    server_stopped: bool = False  # its server's container is not running (terminated, or waiting)
+    grace_ends: float | None = None  # a pod being deleted: when its grace period ends (epoch)
 
     @property
     def answers_as_primary(self) -> bool:
@@ -150,6 +152,24 @@ def down(member: Member | None, monotonic: float) -> str | None:
         and monotonic - member.silent_since >= SILENT_LIMIT
     ):
         return f"its server has not answered for {monotonic - member.silent_since:.0f} s"
+    return None
+
+
+# A pod whose grace period is over and whose server does not answer is taken for stopped this
+# long after (the kubelet kills the container at the end of the grace period).
+PAST_GRACE = 5.0
+
+
+def stuck_stopping(old: Member, now: float) -> str | None:
+    """Why a primary whose pod is being deleted no longer holds its switchover back (None: it
+    may still be sending its last WAL): its server stopped, yet its pod stays; or its grace
+    period is over and its server does not answer."""
+    if old.facts is not None:
+        return None  # it answers: stopping cleanly, or still a primary (never two)
+    if old.server_stopped:
+        return f"{old.pod}'s server stopped but its pod is still being deleted"
+    if old.grace_ends is not None and now - old.grace_ends > PAST_GRACE:
+        return f"{old.pod}'s pod is still being deleted {now - old.grace_ends:.0f} s after its grace period"
     return None
 
 
@@ -411,9 +431,16 @@ def _finish_change(
         return plan
     if change.get("kind") == "Switchover" and old is not None and old.terminating:
         # Stopping: a server in a fast shutdown refuses new connections at once, but sends its
-        # last WAL to the standbys until it exits, and its pod goes only after that.
-        plan.probe_again = 0.3
-        return plan
+        # last WAL to the standbys until it exits, and its pod goes only after that. A pod that
+        # stays (a finalizer, a kubelet that is gone) holds nothing back once its server stopped,
+        # or once its grace period is over and it does not answer.
+        stuck = stuck_stopping(old, observed.now)
+        if stuck is None:
+            plan.probe_again = 0.3
+            return plan
+        if change.get("stuck") != stuck:
+            plan.failover = change = {**change, "stuck": stuck}
+            plan.events.append(("Warning", "PrimaryStuckTerminating", f"{stuck}: promoting {target}"))
     if old is not None and old.answers_as_primary:
         if change.get("kind") == "Failover" and not old.terminating and old.ready:
             # It answers again before anything was promoted: nothing was lost, keep it.

@@ -7,6 +7,9 @@ from typing import Any
 
 import pytest
 
+from framework.plugin import Observed
+from framework.servers import NO_ANSWERS
+from services.postgres.instances import members_of
 from services.postgres.primary import (
     PRIMARY,
     REJOIN_AFTER,
@@ -389,6 +392,31 @@ def test_a_primary_deleted_on_purpose_hands_over_only_once_its_server_stopped() 
     assert promotion(gone) == [Promote("demo-1")]
 
 
+def test_a_primary_whose_pod_stays_terminating_holds_the_switchover_only_while_it_may_send_wal() -> None:
+    """The issue's case: a finalizer on the primary's pod, then `kubectl delete pod`: its server
+    stopped at once, and before this no write succeeded until the finalizer was removed."""
+    status = {**CHANGING, "failover": {**CHANGING["failover"], "kind": "Switchover"}}
+    within_grace = member("demo-0", None, terminating=True, grace_ends=NOW + 20)
+    assert plan_primary(observe(within_grace, member("demo-1", standby()), status=status)).actions == []
+    # Its server's container stopped: everything it had went to the standbys.
+    stopped = member("demo-0", None, terminating=True, server_stopped=True, grace_ends=NOW + 20)
+    plan = plan_primary(observe(stopped, member("demo-1", standby()), status=status))
+    assert [e[1] for e in plan.events] == ["PrimaryStuckTerminating"]
+    assert "demo-0's server stopped but its pod is still being deleted: promoting demo-1" in plan.events[0][2]
+    assert promotion(observe(stopped, member("demo-1", standby()), status=status)) == [Promote("demo-1")]
+    # Said once: the next pass posts nothing again.
+    again = plan_primary(
+        observe(stopped, member("demo-1", standby()), status={**status, "failover": plan.failover})
+    )
+    assert again.events == []
+    # A kubelet that is gone says nothing of the container: the grace period's end does.
+    overdue = member("demo-0", None, terminating=True, grace_ends=NOW - 6)
+    assert promotion(observe(overdue, member("demo-1", standby()), status=status)) == [Promote("demo-1")]
+    # Still answering as a primary: never promote beside it, however long it takes.
+    answering = member("demo-0", primary(), terminating=True, server_stopped=True, grace_ends=NOW - 60)
+    assert plan_primary(observe(answering, member("demo-1", standby()), status=status)).actions == []
+
+
 def test_a_switchover_to_a_ready_pod_not_probed_yet_waits_for_its_answer() -> None:
     fresh_pod = Member("demo-1", ready=True)
     plan = plan_primary(
@@ -489,3 +517,22 @@ def test_what_a_change_records_is_kept_by_the_api_server() -> None:
     assert dropped_fields({"failover": {"kind": "Failover", "unheard": 1}}, schema) == [
         "status.failover.unheard"
     ]
+
+
+def test_a_pod_being_deleted_says_when_its_grace_ends_and_whether_its_server_stopped() -> None:
+    def pod(name: str, state: dict[str, Any], deleted: str | None) -> dict[str, Any]:
+        meta: dict[str, Any] = {"name": name, "uid": f"uid-{name}"}
+        if deleted:
+            meta["deletionTimestamp"] = deleted
+        return {"metadata": meta, "status": {"containerStatuses": [{"name": "postgres", "state": state}]}}
+
+    pods = [
+        pod("demo-0", {"terminated": {"exitCode": 0}}, "2027-01-15T08:00:30Z"),
+        pod("demo-1", {"running": {}}, "2027-01-15T08:00:30Z"),
+        pod("demo-2", {"terminated": {"exitCode": 1}}, None),  # not being deleted: a restart's
+    ]
+    seen = Observed(name="demo", namespace="apps", generation=1, spec={}, status={}, pods=pods)
+    members = members_of(seen, NO_ANSWERS, 0.0)
+    assert (members["demo-0"].server_stopped, members["demo-0"].grace_ends) == (True, 1_800_000_030.0)
+    assert (members["demo-1"].server_stopped, members["demo-1"].terminating) == (False, True)
+    assert (members["demo-2"].server_stopped, members["demo-2"].grace_ends) == (False, None)
