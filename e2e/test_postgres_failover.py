@@ -544,7 +544,11 @@ def test_a_restore_to_a_point_in_time_undoes_a_drop_across_the_failovers(
     assert zstandard.ZstdDecompressor().decompress(body.read()).decode() == own
     lineage = {int(line.split()[0]) for line in own.splitlines() if line.strip()} | {current}
     assert {int(name[:8], 16) for name in files if HISTORY.match(name)} <= lineage, own
-    assert archiving(kube, namespace).get("status") == "True"
+    wait_until(
+        "ContinuousArchiving True again",
+        lambda: archiving(kube, namespace).get("status") == "True",
+        timeout=30,
+    )
 
     # The same point over the instance itself, through the in-place machinery: its primary
     # keeps its data aside, takes the base backup and replays the archive to the point; the
