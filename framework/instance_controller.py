@@ -30,7 +30,8 @@ from framework.kube import metrics
 from framework.kube.api import EventNote, about, get_or_none, not_found, post_event
 from framework.kube.meta import GROUP, LABEL_INSTANCE, LABEL_MANAGED_BY, LABEL_NAME, MANAGER, VERSION
 from framework.kube.queue import WorkQueue
-from framework.kube.runtime import StatusWriter, resync_forever
+from framework.kube.runtime import StaleStatus, StatusWriter, resync_forever
+from framework.kube.status import decides
 from framework.plugin import TLS_CA, TLS_SERVER, Inspection, Observed, ServicePlugin
 from framework.rollout.controller import Rollout, RolloutController
 
@@ -184,7 +185,19 @@ class InstanceController:
             await plugin.perform(self.client, observed, action)
         await self._apply_tls_resources(plugin, body, planned)
         key = (plugin.service, observed.namespace, observed.name)
-        await self.status.write(key, plugin.resource(), body, observed.status, planned.status)
+        decisive = decides(plugin.decisive_status, observed.status, planned.status)
+        try:
+            await self.status.write(
+                key, plugin.resource(), body, observed.status, planned.status, precondition=decisive
+            )
+        except StaleStatus as stale:
+            # Another writer (a second operator, a stale leader) changed it: this decision was
+            # made on what is no longer true. The running pass goes round again at once.
+            log.warning(
+                "%s: planning again", stale, extra=about(plugin.kind, observed.namespace, observed.name)
+            )
+            await self.queue.process(key)
+            return
         for note in planned.events:
             await post_event(self.client, plugin.kind, body, note)
 

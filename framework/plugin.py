@@ -307,6 +307,10 @@ class ServicePlugin(ABC):
     actions: ClassVar[tuple[type, ...]] = ()
     # The status fields the plugin owns (beside the framework's `InstanceStatus`): the CRD's schema.
     status_model: ClassVar[type[BaseModel] | None] = None
+    # Status fields whose change is a decision of who serves (a new primary): a pass that changes
+    # them writes its status only over the one it read (a resourceVersion precondition), so of
+    # two operators acting on the same state only one decision lands; the other plans again.
+    decisive_status: ClassVar[tuple[str, ...]] = ()
     # Optional capabilities: each one a plugin has, it implements entirely; None: it has not.
     tls: Tls | None = None
     bindings: Bindings | None = None

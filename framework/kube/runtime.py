@@ -20,6 +20,10 @@ log = logging.getLogger("statefleet")
 Key = TypeVar("Key", bound=Hashable)
 
 
+class StaleStatus(Exception):
+    """The object changed since the status being replaced was read: the decision is stale."""
+
+
 class StatusWriter(Generic[Key]):
     """Writes objects' status as merge patches, and remembers the resourceVersion each write
     made: the watch event that carries it back is our own echo, not news."""
@@ -42,23 +46,28 @@ class StatusWriter(Generic[Key]):
         current: dict[str, Any],
         desired: dict[str, Any],
         gone_ok: bool = False,
+        precondition: bool = False,
     ) -> None:
         """`desired` over `current` (the status `body` was read with), if anything changed.
-        `gone_ok`: an object deleted meanwhile is no error."""
+        `gone_ok`: an object deleted meanwhile is no error. `precondition`: only over `body`'s
+        resourceVersion, else `StaleStatus`."""
         if not status_changed(current, desired):
             return
         meta = body["metadata"]
+        patch = status_patch(current, desired)
+        if precondition:
+            patch["metadata"] = {"resourceVersion": meta["resourceVersion"]}
         try:
             written = await self.client.patch(
-                resource.Status,
-                meta["name"],
-                status_patch(current, desired),
-                namespace=meta["namespace"],
-                patch_type=PatchType.MERGE,
+                resource.Status, meta["name"], patch, namespace=meta["namespace"], patch_type=PatchType.MERGE
             )
         except ApiError as error:
             if gone_ok and error.status.code == 404:
                 return
+            if precondition and error.status.code == 409:
+                raise StaleStatus(
+                    f"{meta['name']} changed since resourceVersion {meta['resourceVersion']}"
+                ) from error
             raise
         self._written[key] = written.metadata.resourceVersion
 

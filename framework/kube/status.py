@@ -28,3 +28,8 @@ def _merge_patch(current: dict[str, Any], desired: dict[str, Any]) -> dict[str, 
             _merge_patch(before, value) if isinstance(value, dict) and isinstance(before, dict) else value
         )
     return patch
+
+
+def decides(fields: tuple[str, ...], current: dict[str, Any], desired: dict[str, Any]) -> bool:
+    """Whether a status write changes any of `fields` (a plugin's `decisive_status`)."""
+    return any(current.get(field) != desired.get(field) for field in fields)

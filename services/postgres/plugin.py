@@ -228,6 +228,7 @@ class PostgresPlugin(ServicePlugin):
     actions = (Promote, RestartPod, Repoint, Reclone, ReloadConfiguration)
     tls = PostgresTls()
     status_model = PostgresStatus
+    decisive_status = ("currentPrimary", "targetPrimary", "failover")
     bindings = PostgresBindings()
     backups = PostgresBackups()
 
