@@ -173,6 +173,11 @@ class FailoverStatus(StatusModel):
     promoting: str | None = Field(
         default=None, description="the pod asked to promote, recorded before it is asked"
     )
+    stuck: str | None = Field(
+        default=None,
+        description="why a switchover went on while the old primary's pod was still being deleted",
+    )
+    cancelled: str | None = Field(default=None, description="when the old primary answered again, unreplaced")
 
 
 class SwitchoverStatus(StatusModel):
