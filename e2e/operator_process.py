@@ -168,6 +168,7 @@ class InProcessOperator:
             metrics_port=0,
             job_image=":".join(operator_image()),
             liveness=None,
+            leader_election=False,
         )
         self.log_path = REPO / ".testbed" / "logs" / log_name
         self.stop_flag = threading.Event()

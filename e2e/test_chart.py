@@ -1,9 +1,11 @@
 """The Helm chart installs a working operator: proven by creating a Postgres through it and
-running a verified backup plan, which touches every kind of object the release's role grants."""
+running a verified backup plan, which touches every kind of object the release's role grants;
+then its leader is killed and the standby replica takes over."""
 
 from __future__ import annotations
 
 import subprocess
+import time
 import uuid
 from collections.abc import Iterator
 
@@ -11,9 +13,11 @@ import pytest
 from lightkube import Client
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.apps_v1 import Deployment
+from lightkube.resources.coordination_v1 import Lease
 from lightkube.resources.core_v1 import Namespace, Pod
 
-from e2e.kube import REPO, kubeconfig_path, operator_image, wait_until
+from e2e import node
+from e2e.kube import REPO, get_or_none, kubeconfig_path, kubectl, operator_image, wait_until
 from e2e.namespaces import TEST_LABEL, DeletedNamespaces
 from e2e.test_backup import Backup, BackupPlan, Restore, plan_backups, storage, verified
 from e2e.test_postgres import Postgres, create, wait_ready
@@ -59,7 +63,9 @@ def test_chart_installs_an_operator_that_serves_postgres(
         "--set", f"watchNamespaces={{{chart_namespace}}}", "--set", "resources.requests.cpu=10m",
     )  # fmt: skip
     deployment = kube.get(Deployment, f"{chart_namespace}-operator", namespace=chart_namespace)
-    assert deployment.status.readyReplicas == 1
+    assert deployment.status.readyReplicas == 2  # the leader and a standby, both ready
+    leader = wait_until("a leader", lambda: lease_holder(kube, chart_namespace), timeout=30)
+    assert leader.rsplit("_", 1)[0] in operator_pods(kube, chart_namespace)
     create(kube, chart_namespace, "viachart", {"version": "15", "storage": {"size": "1Gi"}})
     status = wait_ready(kube, chart_namespace, "viachart", 1)
     assert status["currentPrimary"] == "viachart-0"
@@ -85,8 +91,74 @@ def test_chart_installs_an_operator_that_serves_postgres(
         lambda: [p.metadata.name for p in kube.list(Postgres, namespace=chart_namespace)] == ["viachart"],
         timeout=120,
     )
+    took_over, first_reconcile = kill_the_leader(kube, chart_namespace, leader)
+    print(f"leader killed: Lease taken after {took_over:.1f} s, reconciling after {first_reconcile:.1f} s")
+    # Not before the Lease expired (8 s, less the 1 s between renewals), and soon after it.
+    assert 6.5 <= took_over <= 13, f"the standby took over after {took_over:.1f} s"
+    assert first_reconcile <= took_over + 10, f"first reconcile {first_reconcile:.1f} s after the kill"
+    # The killed leader's container restarts, and waits as the standby.
+    wait_until("the restarted operator ready", lambda: ready_replicas(kube, chart_namespace) == 2, timeout=90)
+    assert lease_holder(kube, chart_namespace) != leader  # the restarted one waits its turn
     # The release's least-privilege role sufficed: the operator's log shows no refusal.
     pods = kube.list(Pod, namespace=chart_namespace, labels={"app.kubernetes.io/name": "statefleet"})
     logs = "\n".join(line for pod in pods for line in kube.log(pod.metadata.name, namespace=chart_namespace))
     assert "Forbidden" not in logs
     assert '"status": 403' not in logs
+
+
+def ready_replicas(kube: Client, namespace: str) -> int:
+    return kube.get(Deployment, f"{namespace}-operator", namespace=namespace).status.readyReplicas or 0
+
+
+def operator_pods(kube: Client, namespace: str) -> dict[str, Pod]:
+    return {
+        pod.metadata.name: pod
+        for pod in kube.list(Pod, namespace=namespace, labels={"app.kubernetes.io/name": "statefleet"})
+        if not pod.metadata.deletionTimestamp
+    }
+
+
+def lease_holder(kube: Client, namespace: str) -> str | None:
+    lease = get_or_none(kube, Lease, f"{namespace}-operator", namespace)
+    return lease.spec.holderIdentity if lease is not None and lease.spec is not None else None
+
+
+def holder_pod(kube: Client, namespace: str) -> str | None:
+    """The pod whose operator holds the Lease (its identity: the pod's name, `_`, a suffix)."""
+    holder = lease_holder(kube, namespace)
+    return holder.rsplit("_", 1)[0] if holder else None
+
+
+def metric(namespace: str, pod: str, name: str) -> float:
+    """The sum of a metric's samples on an operator pod (through the API server's pod proxy)."""
+    text = kubectl(
+        "get", "--raw", f"/api/v1/namespaces/{namespace}/pods/{pod}:9090/proxy/metrics", timeout=10
+    )
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name))
+
+
+def kill_the_leader(kube: Client, namespace: str, leader: str) -> tuple[float, float]:
+    """SIGKILL to the leading operator's process (an OOM kill, a lost node): seconds until the
+    standby holds the Lease, and until it finished its first reconcile of an instance."""
+    leader_pod = leader.rsplit("_", 1)[0]
+    standby = next(name for name in operator_pods(kube, namespace) if name != leader_pod)
+    assert metric(namespace, standby, "statefleet_leader") == 0
+    assert metric(namespace, standby, 'statefleet_reconcile_total{kind="Postgres"') == 0
+    uid = operator_pods(kube, namespace)[leader_pod].metadata.uid
+    node.kill_command(uid, ["python3", "-m", "statefleet"])
+    killed = time.monotonic()
+    wait_until(
+        "the standby holds the Lease",
+        lambda: holder_pod(kube, namespace) == standby,
+        timeout=30,
+        interval=0.1,
+    )
+    took_over = time.monotonic() - killed
+    wait_until(
+        "the new leader's first reconcile",
+        lambda: metric(namespace, standby, 'statefleet_reconcile_total{kind="Postgres"') > 0,
+        timeout=30,
+        interval=0.1,
+    )
+    assert metric(namespace, standby, "statefleet_leader") == 1
+    return took_over, time.monotonic() - killed

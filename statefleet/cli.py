@@ -16,8 +16,10 @@ import contextlib
 import ctypes
 import logging
 import os
+import socket
 import sys
 import threading
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +32,7 @@ from lightkube.resources.apiextensions_v1 import CustomResourceDefinition
 from backup import commands as backup_commands
 from framework.instance_controller import InstanceController
 from framework.kube import kopf_fixes, metrics
+from framework.kube.leader import LeaderElector, LeadershipLost, Timing, standby_health
 from framework.kube.meta import MANAGER
 from framework.object_controller import ObjectController
 from framework.rollout import commands as rollout_commands
@@ -83,10 +86,16 @@ async def run_operator(
     # A busy API server answers slowly rather than not at all: wait for it.
     client = AsyncClient(field_manager=MANAGER, timeout=httpx2.Timeout(60, connect=10))
     metrics.count_api_requests(client)
-    if args.install_crds:
-        await install_crds(client)
     if args.metrics_port:
         metrics.serve(args.metrics_port)
+    elector = None
+    if args.leader_election:
+        timing = Timing(args.lease_duration, args.lease_renew_deadline, args.lease_retry)
+        elector = LeaderElector(client, args.lease_namespace, args.lease_name, args.identity, timing)
+        async with standby_health(args.liveness):
+            await elector.acquire()
+    if args.install_crds:
+        await install_crds(client)
     plugins = load_plugins()
     rollouts = RolloutController(client, in_process_hooks(plugins))
     rollouts.register()
@@ -109,9 +118,9 @@ async def run_operator(
         asyncio.create_task(instances.resync_forever(args.namespace)),
         asyncio.create_task(objects.resync_forever(args.namespace)),
     ]
-    try:
-        # Returns when kopf stops (SIGTERM, SIGINT): the resync stops with it.
-        await kopf.operator(
+    # Returns when kopf stops (SIGTERM, SIGINT): the resync stops with it.
+    controllers = asyncio.create_task(
+        kopf.operator(
             clusterwide=not args.namespace,
             namespaces=args.namespace,
             standalone=True,
@@ -119,9 +128,27 @@ async def run_operator(
             stop_flag=stop_flag,
             ready_flag=ready_flag,
         )
+    )
+    keeper = asyncio.create_task(elector.keep()) if elector else None
+    try:
+        await asyncio.wait([t for t in (controllers, keeper) if t], return_when=asyncio.FIRST_COMPLETED)
+        if keeper is not None and keeper.done():
+            try:
+                keeper.result()
+            except LeadershipLost as lost:
+                # Another process may lead in a moment: nothing of ours may act any more, and a
+                # clean shutdown of every handler takes longer than that. The container restarts
+                # and waits as a standby.
+                logging.getLogger("statefleet").error("%s: stopping at once", lost)
+                logging.shutdown()
+                os._exit(1)
+        await controllers
     finally:
-        for resync in resyncs:
-            resync.cancel()
+        for task in (*resyncs, keeper):
+            if task is not None:
+                task.cancel()
+        if elector is not None:
+            await elector.release()
 
 
 def fewer_malloc_arenas() -> None:
@@ -160,6 +187,30 @@ def main(argv: list[str] | None = None) -> int:
         default=int(os.environ.get("STATEFLEET_METRICS_PORT", "9090")),
         help="serve Prometheus metrics on this port (0: not at all)",
     )
+    operator.add_argument(
+        "--leader-election",
+        action="store_true",
+        default=os.environ.get("STATEFLEET_LEADER_ELECTION") == "true",
+        help="act only while holding a coordination.k8s.io Lease (run several replicas; one acts)",
+    )
+    operator.add_argument("--lease-name", default="statefleet-operator")
+    operator.add_argument("--lease-namespace", default=os.environ.get("POD_NAMESPACE", "default"))
+    operator.add_argument(
+        "--identity",
+        default=f"{os.environ.get('POD_NAME') or socket.gethostname()}_{uuid.uuid4().hex[:8]}",
+        help="this process's name in the Lease (default: the pod's name and a suffix of its own, so a "
+        "restarted container waits its turn like any other standby)",
+    )
+    operator.add_argument(
+        "--lease-duration", type=float, default=8.0, help="seconds a Lease lasts unrenewed (takeover time)"
+    )
+    operator.add_argument(
+        "--lease-renew-deadline",
+        type=float,
+        default=5.0,
+        help="seconds the leader tries to renew before it stops (less than the duration)",
+    )
+    operator.add_argument("--lease-retry", type=float, default=1.0, help="seconds between looks at the Lease")
     commands.add_parser("crds", help="print the CustomResourceDefinitions")
     catalog = commands.add_parser(
         "catalog", help="print the version catalog the operator would offer (a start for your own)"
