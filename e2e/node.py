@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 from pathlib import Path
 
 
@@ -86,3 +87,12 @@ def freeze(state_file: Path) -> None:
 def thaw(state_file: Path) -> None:
     if state_file.exists():
         state_file.write_text("THAWED")
+
+
+def block_loopback_port(pod_uid: str, port: int) -> None:
+    """Inside the pod's network namespace, connections over loopback to `port` go unanswered
+    (its exec probes that connect to 127.0.0.1 time out); its pod IP still answers. The rule
+    goes with the namespace when the pod does."""
+    pid = next(pid for pid in pod_processes(pod_uid) if _command(pid)[:1] != ["/pause"])
+    rule = ["-i", "lo", "-p", "tcp", "--dport", str(port), "-j", "DROP"]
+    subprocess.run(["nsenter", "-t", str(pid), "-n", "iptables", "-I", "INPUT", *rule], check=True)

@@ -10,12 +10,14 @@ a point in time from it and a physical backup taken before the failovers."""
 
 from __future__ import annotations
 
+import base64
 import json
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import psycopg
 import pytest
 import zstandard
 from lightkube import Client
@@ -25,7 +27,7 @@ from lightkube.resources.core_v1 import Pod, Secret
 from lightkube.types import PatchType
 
 from e2e import node
-from e2e.kube import apply, statefleet, wait_until
+from e2e.kube import apply, pod_is_ready, statefleet, wait_until
 from e2e.namespaces import DeletedNamespaces, namespace_prefix, new_namespace
 from e2e.operator_process import OperatorProcess
 from e2e.s3 import create_keys, keys_under, new_bucket, revoke_keys, s3_api, s3_settings
@@ -46,6 +48,7 @@ from e2e.test_postgres_ha import (
 )
 from e2e.writer import Writer
 from framework.kube import conditions
+from services.postgres.primary import UNREADY_LIMIT
 from services.postgres.wal_archive import (
     ARCHIVER_PORT,
     CONDITION,
@@ -186,7 +189,60 @@ def test_a_primary_pod_stuck_terminating_is_replaced_once_its_server_stopped(
         released = {"metadata": {"finalizers": None}}
         kube.patch(Pod, cluster, released, namespace=namespace, patch_type=PatchType.MERGE)
     assert took < 15, f"writes resumed {took:.1f} s after the deletion"
-    assert role(kube, namespace, status_of(kube, namespace)["currentPrimary"]) == "primary"
+    new = wait_new_primary(kube, namespace, cluster)  # (writes resume a moment before status says so)
+    assert role(kube, namespace, new) == "primary"
+
+
+def test_a_primary_whose_pod_is_not_ready_while_its_server_answers_is_replaced(
+    kube: Client, namespace: str, cluster: str
+) -> None:
+    """Its readiness probe (pg_isready on 127.0.0.1) times out while its server answers on the
+    pod's IP: `<name>-rw` sends it no client, yet the operator hears it. The probes' leftovers
+    do not restart the server meanwhile (they once did, every 3 s: the postmaster was PID 1
+    and took an orphaned pg_isready's exit for a crash). Past 15 s it is stopped first, then a
+    standby promoted; nothing committed before is lost."""
+    since = this_second()
+    started = server_started(kube, namespace, cluster)
+    node.block_loopback_port(kube.get(Pod, cluster, namespace=namespace).metadata.uid, 5432)
+    wait_until("its pod not ready", lambda: not pod_is_ready(kube.get(Pod, cluster, namespace=namespace)), 30)
+    at = time.monotonic()  # from here `<name>-rw` has no endpoint
+
+    def failover_started() -> list[Any]:
+        found = events(kube, namespace, "FailoverStarted", since)
+        if not found:  # still the primary, not ready: the same server, never restarted
+            assert server_started(kube, namespace, cluster) in (started, None)
+        return found
+
+    why = wait_until("a failover", failover_started, timeout=UNREADY_LIMIT + 30, interval=1)[0].message or ""
+    insert(kube, namespace, range(101, 102), retry_for=60)
+    took = time.monotonic() - at
+    print(f"failover: {why}; writes back {took:.1f} s after the pod turned not ready")
+    # Past 15 s; or before, if a probe went unanswered meanwhile (not ready and silent: down).
+    assert "not been ready" in why or "does not answer and its pod is not ready" in why, why
+    assert took < UNREADY_LIMIT + 15, f"writes resumed {took:.1f} s after its pod turned not ready"
+    assert wait_new_primary(kube, namespace, cluster) != cluster
+    wait_ready(kube, namespace, "demo", 3, timeout=240)
+    assert rows(kube, namespace) == 101
+
+
+def server_started(kube: Client, namespace: str, pod: str) -> str | None:
+    """When the pod's server started, asked on its pod's IP (None: it did not answer in 1 s)."""
+    secret = {
+        k: base64.b64decode(v).decode()
+        for k, v in kube.get(Secret, "demo-superuser", namespace=namespace).data.items()
+    }
+    address = kube.get(Pod, pod, namespace=namespace).status.podIP
+    try:
+        with psycopg.connect(
+            host=address,
+            user=secret["username"],
+            password=secret["password"],
+            dbname="postgres",
+            connect_timeout=1,
+        ) as connection:
+            return str(connection.execute("select pg_postmaster_start_time()").fetchone()[0])
+    except psycopg.OperationalError:
+        return None
 
 
 def test_the_primary_server_killed_writes_resume_without_loss(

@@ -14,6 +14,14 @@ def pod_ready(pod: dict[str, Any]) -> bool:
     )
 
 
+def unready_since(pod: dict[str, Any]) -> str | None:
+    """When the pod's Ready condition last turned False (None: ready, or never said)."""
+    for condition in (pod.get("status") or {}).get("conditions") or []:
+        if condition.get("type") == "Ready" and condition.get("status") == "False":
+            return condition.get("lastTransitionTime")
+    return None
+
+
 def pod_ip(pod: dict[str, Any]) -> str | None:
     return (pod.get("status") or {}).get("podIP")
 

@@ -56,6 +56,7 @@ class Member:
     confirmed_primary: bool = False  # answered as a primary in this life of its pod
     server_stopped: bool = False  # its server's container is not running (terminated, or waiting)
     grace_ends: float | None = None  # a pod being deleted: when its grace period ends (epoch)
+    unready_since: float | None = None  # its pod's Ready condition False since (epoch)
 
     @property
     def answers_as_primary(self) -> bool:
@@ -160,6 +161,25 @@ def down(member: Member | None, monotonic: float) -> str | None:
 PAST_GRACE = 5.0
 
 
+# A primary whose pod is not ready gets no client through `<name>-rw`; its server may answer us
+# all the same (a readiness probe that times out on a busy machine, a kubelet in trouble).
+# This long first, so a probe that fails for a moment moves nothing.
+UNREADY_LIMIT = 15.0
+
+
+def kept_from_clients(current: Member, now: float) -> str | None:
+    """Why a primary that answers must be replaced all the same: its pod has not been ready
+    for UNREADY_LIMIT seconds (None: it serves, or not for long enough to act)."""
+    if current.ready or current.terminating or current.unready_since is None:
+        return None
+    unready_for = now - current.unready_since
+    if unready_for < UNREADY_LIMIT:
+        return None
+    return (
+        f"its pod has not been ready for {unready_for:.0f} s (no client reaches it) while its server answers"
+    )
+
+
 def stuck_stopping(old: Member, now: float) -> str | None:
     """Why a primary whose pod is being deleted no longer holds its switchover back (None: it
     may still be sending its last WAL): its server stopped, yet its pod stays; or its grace
@@ -210,6 +230,10 @@ def plan_primary(observed: PrimaryInput) -> PrimaryPlan:
     why_down = down(current, observed.monotonic)
 
     if why_down is None and current is not None and current.answers_as_primary:
+        unready = kept_from_clients(current, observed.now)
+        best = most_advanced([m for m in members.values() if m.pod != primary])
+        if unready is not None and best is not None and observed.instances > 1:
+            return _start_change(observed, plan, primary, best, unready, "Failover")
         _keep_healthy(observed, plan, current)
         return plan
 
@@ -390,13 +414,15 @@ def _start_change(
         kind == "Failover"
         and old is not None
         and old.exists
-        and old.ready
+        and (old.ready or old.answers_as_primary)
         and not (old.terminating or old.standby)
     ):
         # Fenced: its pod looks ready but its server is silent to us (frozen, or cut off from
-        # us but not from its clients): those clients lose it now. Its pod goes (gracefully: a
-        # frozen one stays until it thaws, then dies at once) and comes back a standby. A
-        # server that is down and not ready serves nobody and is left to restart.
+        # us but not from its clients), or its server answers from a pod that is not ready:
+        # its clients lose it now. Its pod goes (gracefully: a frozen one stays until it
+        # thaws, then dies at once; a clean stop sends its last WAL) and comes back a standby,
+        # and nothing is promoted while it still answers as a primary. A server that is down
+        # and not ready serves nobody and is left to restart.
         plan.actions.append(RestartPod(primary, "fenced: a failover replaces it"))
     plan.failover = {
         "kind": kind,

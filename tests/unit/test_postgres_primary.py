@@ -15,6 +15,7 @@ from services.postgres.primary import (
     REJOIN_AFTER,
     REPLICA,
     SILENT_LIMIT,
+    UNREADY_LIMIT,
     Facts,
     Member,
     PrimaryInput,
@@ -514,6 +515,14 @@ def test_what_a_change_records_is_kept_by_the_api_server() -> None:
     assert recorded.failover is not None
     assert "promoting" in recorded.failover
     assert dropped_fields(status, schema) == []
+    # Why a switchover went on past a pod that stays (else its Event would be posted every pass).
+    switchover = {**CHANGING, "failover": {**CHANGING["failover"], "kind": "Switchover"}}
+    stopped = member("demo-0", None, terminating=True, server_stopped=True, grace_ends=NOW + 20)
+    stuck = plan_primary(observe(stopped, member("demo-1", standby()), status=switchover))
+    assert stuck.failover is not None
+    assert "stuck" in stuck.failover
+    assert dropped_fields({"failover": stuck.failover}, schema) == []
+    assert dropped_fields({"failover": {"cancelled": "2026-12-05T09:00:00Z"}}, schema) == []
     assert dropped_fields({"failover": {"kind": "Failover", "unheard": 1}}, schema) == [
         "status.failover.unheard"
     ]
@@ -536,3 +545,49 @@ def test_a_pod_being_deleted_says_when_its_grace_ends_and_whether_its_server_sto
     assert (members["demo-0"].server_stopped, members["demo-0"].grace_ends) == (True, 1_800_000_030.0)
     assert (members["demo-1"].server_stopped, members["demo-1"].terminating) == (False, True)
     assert (members["demo-2"].server_stopped, members["demo-2"].grace_ends) == (False, None)
+
+
+def test_a_pod_not_ready_says_since_when() -> None:
+    def pod(name: str, ready: str, since: str) -> dict[str, Any]:
+        condition = {"type": "Ready", "status": ready, "lastTransitionTime": since}
+        return {"metadata": {"name": name, "uid": f"uid-{name}"}, "status": {"conditions": [condition]}}
+
+    pods = [pod("demo-0", "False", "2027-01-15T08:00:10Z"), pod("demo-1", "True", "2027-01-15T08:00:10Z")]
+    members = members_of(
+        Observed(name="demo", namespace="apps", generation=1, spec={}, status={}, pods=pods), NO_ANSWERS, 0.0
+    )
+    assert members["demo-0"].unready_since == 1_800_000_010.0
+    assert members["demo-1"].unready_since is None
+
+
+def test_a_primary_that_answers_from_a_pod_not_ready_is_fenced_then_replaced() -> None:
+    """Not ready: `<name>-rw` sends it no client, whatever its server says to us. A moment of
+    failed readiness probes (a busy machine) moves nothing; past UNREADY_LIMIT the old server
+    is stopped first (its pod deleted: a clean stop sends its last WAL) and a standby is
+    promoted only once it no longer answers as a primary."""
+    moment = member("demo-0", primary(), ready=False, unready_since=NOW - 3)
+    plan = plan_primary(observe(moment, member("demo-1", standby())))
+    assert plan.target is None
+    assert plan.actions == []
+    unready = member("demo-0", primary(), ready=False, unready_since=NOW - UNREADY_LIMIT - 1)
+    plan = plan_primary(observe(unready, member("demo-1", standby())))
+    assert plan.target == "demo-1"
+    assert plan.actions == [RestartPod("demo-0", "fenced: a failover replaces it")]
+    assert plan.events[0][1] == "FailoverStarted"
+    assert (
+        "its pod has not been ready for 16 s (no client reaches it) while its server answers"
+        in plan.events[0][2]
+    )
+    changing = {"currentPrimary": "demo-0", "targetPrimary": "demo-1", "failover": plan.failover}
+    # Still answering as a primary: it is stopped again, nothing is promoted beside it.
+    waiting = plan_primary(observe(unready, member("demo-1", standby()), status=changing))
+    assert not any(isinstance(action, Promote) for action in waiting.actions)
+    stopped = member("demo-0", None, ready=False, terminating=True, unready_since=NOW - UNREADY_LIMIT - 1)
+    assert promotion(observe(stopped, member("demo-1", standby()), status=changing)) == [Promote("demo-1")]
+
+
+def test_a_primary_not_ready_with_no_standby_to_take_over_keeps_its_place() -> None:
+    unready = member("demo-0", primary(), ready=False, unready_since=NOW - 60)
+    behind = member("demo-1", standby(), ready=False)
+    assert plan_primary(observe(unready, behind)).target is None
+    assert plan_primary(observe(unready)).target is None  # one instance: nobody to promote
