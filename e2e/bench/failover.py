@@ -9,7 +9,11 @@ the new primary lacks them, never as resumed writes); and the acknowledged commi
 from the table once the cluster is whole again, each counted once. Asynchronous, then
 synchronous replication (`synchronous: {number: 1}`).
 
-    .venv/bin/python -m e2e.bench.failover [--runs 10] [--replication asynchronous]
+With `--operator-loss`: the operator as the chart installs it (2 replicas, leader election),
+and the primary's server killed alone or together with the leading operator, taking turns:
+how much longer writes stop when the operator is lost at the same moment.
+
+    .venv/bin/python -m e2e.bench.failover [--runs 10] [--replication asynchronous] [--operator-loss]
 """
 
 from __future__ import annotations
@@ -27,8 +31,9 @@ from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Namespace, Pod
 
 from e2e import node
-from e2e.kube import client, delete_namespace, wait_until
+from e2e.kube import REPO, client, delete_namespace, operator_image, wait_until
 from e2e.operator_process import OperatorProcess
+from e2e.test_chart import helm, holder_pod, operator_pods, ready_replicas
 from e2e.test_postgres import Postgres, connect, create, patch_spec
 from e2e.test_postgres_ha import wait_whole
 from e2e.writer import Writer
@@ -129,13 +134,74 @@ def scenario(kube: Client, namespace: str, runs: int, spec: dict[str, Any]) -> N
         writer.stop()
 
 
+def operator_loss(kube: Client, runs: int) -> None:
+    """The operator installed by the chart (2 replicas, one leading on its Lease) and a
+    3-instance Postgres: `kill -9` of the primary's server alone, then of the server and the
+    leading operator's process at the same moment, taking turns."""
+    namespace = f"bench-oploss-{uuid.uuid4().hex[:5]}"  # not bench-failover-*: the chart's operator serves it
+    kube.create(Namespace(metadata=ObjectMeta(name=namespace)))
+    repository, tag = operator_image()
+    try:
+        helm(
+            "upgrade", "--install", namespace, str(REPO / "charts" / "statefleet"),
+            "--namespace", namespace, "--wait", "--timeout", "3m",
+            "--set", f"image.repository={repository}", "--set", f"image.tag={tag}",
+            "--set", f"watchNamespaces={{{namespace}}}", "--set", "resources.requests.cpu=10m",
+        )  # fmt: skip
+        create(kube, namespace, "demo", {"version": "15", "instances": 3, "storage": {"size": "1Gi"}})
+        healthy(kube, namespace)
+        with connect(kube, namespace, "demo-rw", "demo-superuser") as conn:
+            conn.execute("create table ticks(value bigint primary key)")
+        writer = Writer(kube, namespace)
+        writer.start()
+
+        def kill_server() -> None:
+            wait_until("both operators ready", lambda: ready_replicas(kube, namespace) == 2, 120)
+            node.kill_server(primary_pod(kube, namespace).metadata.uid)
+
+        def kill_both() -> None:
+            wait_until("both operators ready", lambda: ready_replicas(kube, namespace) == 2, 120)
+            leader = operator_pods(kube, namespace)[holder_pod(kube, namespace) or ""].metadata.uid
+            server = primary_pod(kube, namespace).metadata.uid
+            node.kill_command(leader, ["python3", "-m", "statefleet"])
+            node.kill_server(server)
+
+        results: dict[str, list[Any]] = {"alone": [[], 0, 0, 0], "with the leading operator": [[], 0, 0, 0]}
+        try:
+            for _ in range(runs):
+                for label, disrupt in (("alone", kill_server), ("with the leading operator", kill_both)):
+                    pauses, lost, late, moved = measure(kube, namespace, writer, 1, disrupt)
+                    print(f"    kill -9 of the primary's server {label}: writes back after {pauses[0]:.1f} s")
+                    total = results[label]
+                    results[label] = [total[0] + pauses, total[1] + lost, total[2] + late, total[3] + moved]
+        finally:
+            writer.stop()
+        for label, (pauses, lost, late, moved) in results.items():
+            report(f"kill -9 of the primary's server {label}", pauses, lost, late, moved)
+        alone = statistics.median(results["alone"][0])
+        both = statistics.median(results["with the leading operator"][0])
+        print(f"  with the operator killed too: {both / alone:.2f}x the pause (target: median under 15 s)")
+    finally:
+        helm("uninstall", namespace, "--namespace", namespace, "--wait")
+        delete_namespace(kube, namespace, wait=300)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=10)
     parser.add_argument("--replication", choices=["asynchronous", "synchronous", "both"], default="both")
+    parser.add_argument(
+        "--operator-loss",
+        action="store_true",
+        help="instead: the chart's operator, its leader killed with the primary (issue 23 item 2)",
+    )
     args = parser.parse_args()
     sys.stdout.reconfigure(line_buffering=True)
     kube = client()
+    if args.operator_loss:
+        print("3 instances, asynchronous replication, the chart's operator (2 replicas, leader election):")
+        operator_loss(kube, args.runs)
+        return 0
     operator = OperatorProcess.start(namespaces="bench-failover-*", log_name="operator-bench-failover.log")
     try:
         for label, spec in (
