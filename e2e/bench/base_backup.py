@@ -248,7 +248,8 @@ def restore_pgbackrest(source: Source, label: str, target: Target = IMMEDIATE) -
         )
         files = time.monotonic() - started
         command = " ".join(source.pgbackrest.argv("archive-get", f"--pg1-path={data}", "%f", '"%p"'))
-        recovery = serve(data, root, command, None)
+        # The same target as pgBackRest's own settings: a second, other one would be refused.
+        recovery = serve(data, root, command, None, target)
         return {"files": files, "recovery": recovery}
     finally:
         shutil.rmtree(root, ignore_errors=True)
