@@ -19,6 +19,7 @@ from datetime import UTC, datetime
 from enum import Enum
 
 import aiohttp.web
+import httpx2
 from lightkube import AsyncClient
 from lightkube.core.exceptions import ApiError
 from lightkube.models.coordination_v1 import LeaseSpec
@@ -27,6 +28,9 @@ from lightkube.resources.coordination_v1 import Lease
 from prometheus_client import Gauge
 
 log = logging.getLogger("statefleet")
+
+# What a request to the API server may end in besides an answer we can act on.
+UNANSWERED = (ApiError, OSError, httpx2.HTTPError)
 
 LEADING = Gauge("statefleet_leader", "1 while this operator process holds the leader Lease, 0 while it waits")
 
@@ -161,7 +165,7 @@ class LeaderElector:
             try:
                 if await self._try():
                     break
-            except (ApiError, OSError) as error:  # the API server busy or away: ask again
+            except UNANSWERED as error:  # the API server busy or away: ask again
                 log.warning("leader Lease %s/%s: %s", self.namespace, self.name, error)
             await asyncio.sleep(self.timing.retry)
         self.leading = True
@@ -196,7 +200,7 @@ class LeaderElector:
                     holder = self._seen.holder
                     raise LeadershipLost(f"the leader Lease {self.namespace}/{self.name} is held by {holder}")
                 return await self._try()
-        except (ApiError, OSError, TimeoutError) as error:
+        except (*UNANSWERED, TimeoutError) as error:
             log.warning("renewing the leader Lease %s/%s: %r", self.namespace, self.name, error)
             return False
 
@@ -213,7 +217,7 @@ class LeaderElector:
             lease.spec.leaseDurationSeconds = 1
             await self.client.replace(lease)
             log.info("leader Lease %s/%s released", self.namespace, self.name)
-        except (ApiError, OSError) as error:
+        except UNANSWERED as error:
             log.warning("releasing the Lease %s/%s: %s (it expires)", self.namespace, self.name, error)
 
 
