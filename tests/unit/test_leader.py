@@ -4,6 +4,8 @@ import pytest
 
 from framework.kube.leader import Record, Timing, Verdict, verdict
 
+pytestmark = pytest.mark.unit
+
 
 def held(by: str, duration: float = 8.0) -> Record:
     return Record(holder=by, renewed="2026-12-05T09:00:00.000000+00:00", duration=duration)
