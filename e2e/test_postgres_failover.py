@@ -188,7 +188,8 @@ def test_a_primary_pod_stuck_terminating_is_replaced_once_its_server_stopped(
     finally:
         released = {"metadata": {"finalizers": None}}
         kube.patch(Pod, cluster, released, namespace=namespace, patch_type=PatchType.MERGE)
-    assert took < 15, f"writes resumed {took:.1f} s after the deletion"
+    # As any deletion (30 s, test_the_primary_pod_deleted_...): a clean stop, then the failover.
+    assert took < 30, f"writes resumed {took:.1f} s after the deletion"
     new = wait_new_primary(kube, namespace, cluster)  # (writes resume a moment before status says so)
     assert role(kube, namespace, new) == "primary"
 
