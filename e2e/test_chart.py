@@ -30,6 +30,17 @@ def helm(*args: str) -> str:
     return subprocess.run(command, check=True, text=True, capture_output=True).stdout
 
 
+def install(namespace: str) -> None:
+    """The chart as a release of the namespace's name, serving that namespace only."""
+    repository, tag = operator_image()
+    helm(
+        "upgrade", "--install", namespace, str(REPO / "charts" / "statefleet"),
+        "--namespace", namespace, "--wait", "--timeout", "3m",
+        "--set", f"image.repository={repository}", "--set", f"image.tag={tag}",
+        "--set", f"watchNamespaces={{{namespace}}}", "--set", "resources.requests.cpu=10m",
+    )  # fmt: skip
+
+
 @pytest.fixture
 def chart_namespace(kube: Client, deleted_namespaces: DeletedNamespaces) -> Iterator[str]:
     # Not t<N>-*: the operators the other tests run on the host must not see this namespace.
@@ -55,13 +66,7 @@ def chart_namespace(kube: Client, deleted_namespaces: DeletedNamespaces) -> Iter
 def test_chart_installs_an_operator_that_serves_postgres(
     kube: Client, bucket: str, chart_namespace: str
 ) -> None:
-    repository, tag = operator_image()
-    helm(
-        "upgrade", "--install", chart_namespace, str(REPO / "charts" / "statefleet"),
-        "--namespace", chart_namespace, "--wait", "--timeout", "3m",
-        "--set", f"image.repository={repository}", "--set", f"image.tag={tag}",
-        "--set", f"watchNamespaces={{{chart_namespace}}}", "--set", "resources.requests.cpu=10m",
-    )  # fmt: skip
+    install(chart_namespace)
     deployment = kube.get(Deployment, f"{chart_namespace}-operator", namespace=chart_namespace)
     assert deployment.status.readyReplicas == 2  # the leader and a standby, both ready
     leader = wait_until("a leader", lambda: lease_holder(kube, chart_namespace), timeout=30)

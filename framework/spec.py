@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+from collections.abc import Callable, Mapping
 from datetime import datetime
 from enum import StrEnum
 from typing import Any
@@ -9,6 +11,34 @@ from typing import Any
 from pydantic import AwareDatetime, ConfigDict, Field
 
 from framework.kube.model import QUANTITY_PATTERN, ApiModel, immutable
+
+# Control characters (a newline above all) would leave their line in the configuration file a
+# template writes, and their place in the ConfigMap the operator applies.
+CONTROL = r"[\x00-\x1f\x7f]"
+CEL_CONTROL = "[[:cntrl:]]"  # the same class in RE2's words (CEL has no escapes in it then)
+
+
+def entries_hazard(
+    field: str,
+    entries: Mapping[str, str],
+    name_pattern: str,
+    name_length: int,
+    kind: str,
+    managed: Callable[[str], bool],
+    per_line: str = "",
+) -> str | None:
+    """The first entry of a name -> value map (a configuration file's settings) that its
+    template cannot take safely, naming it (None: none). Admission refuses them all; this
+    covers objects stored before a rule existed, whose change is then refused while the
+    instance stays operated."""
+    for name, value in entries.items():
+        if len(name) > name_length or not re.match(name_pattern, name):
+            return f"{field}.{name}: not a {kind}"
+        if managed(name):
+            return f"{field}.{name}: managed by the operator"
+        if re.search(CONTROL, value):
+            return f"{field}.{name}: {value!r} holds control characters{per_line}"
+    return None
 
 
 class DeletionPolicy(StrEnum):

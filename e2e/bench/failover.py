@@ -31,9 +31,9 @@ from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Namespace, Pod
 
 from e2e import node
-from e2e.kube import REPO, client, delete_namespace, operator_image, wait_until
+from e2e.kube import client, delete_namespace, wait_until
 from e2e.operator_process import OperatorProcess
-from e2e.test_chart import helm, holder_pod, operator_pods, ready_replicas
+from e2e.test_chart import helm, holder_pod, install, operator_pods, ready_replicas
 from e2e.test_postgres import Postgres, connect, create, patch_spec
 from e2e.test_postgres_ha import wait_whole
 from e2e.writer import Writer
@@ -140,14 +140,8 @@ def operator_loss(kube: Client, runs: int) -> None:
     leading operator's process at the same moment, taking turns."""
     namespace = f"bench-oploss-{uuid.uuid4().hex[:5]}"  # not bench-failover-*: the chart's operator serves it
     kube.create(Namespace(metadata=ObjectMeta(name=namespace)))
-    repository, tag = operator_image()
     try:
-        helm(
-            "upgrade", "--install", namespace, str(REPO / "charts" / "statefleet"),
-            "--namespace", namespace, "--wait", "--timeout", "3m",
-            "--set", f"image.repository={repository}", "--set", f"image.tag={tag}",
-            "--set", f"watchNamespaces={{{namespace}}}", "--set", "resources.requests.cpu=10m",
-        )  # fmt: skip
+        install(namespace)
         create(kube, namespace, "demo", {"version": "15", "instances": 3, "storage": {"size": "1Gi"}})
         healthy(kube, namespace)
         with connect(kube, namespace, "demo-rw", "demo-superuser") as conn:

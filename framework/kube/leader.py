@@ -135,11 +135,12 @@ class LeaderElector:
             leaseTransitions=transitions + (taking and old.holderIdentity != self.identity),
         )
 
-    async def _try(self) -> bool:
-        """One look at the Lease; True while it is ours."""
+    async def _try(self, renewing: bool = False) -> bool:
+        """One look at the Lease; True while it is ours. `renewing`: a leader's look, which
+        never takes a Lease someone else wrote meanwhile (it was deposed)."""
         lease = await self._read()
         action = verdict(self._seen, self.identity, time.monotonic() - self._seen_at)
-        if action is Verdict.WAIT:
+        if action is Verdict.WAIT or (renewing and action is not Verdict.RENEW):
             return False
         taking = action is Verdict.TAKE
         try:
@@ -194,15 +195,17 @@ class LeaderElector:
         left = self._renewed_at + self.timing.renew_deadline - time.monotonic()
         try:
             async with asyncio.timeout(max(0.05, left)):
-                await self._read()
-                if self._seen is not None and self._seen.holder not in ("", self.identity):
-                    self._lost()
-                    holder = self._seen.holder
-                    raise LeadershipLost(f"the leader Lease {self.namespace}/{self.name} is held by {holder}")
-                return await self._try()
+                renewed = await self._try(renewing=True)
         except (*UNANSWERED, TimeoutError) as error:
             log.warning("renewing the leader Lease %s/%s: %r", self.namespace, self.name, error)
             return False
+        holder = self._seen.holder if self._seen is not None else ""
+        if not renewed and holder != self.identity:
+            self._lost()
+            raise LeadershipLost(
+                f"the leader Lease {self.namespace}/{self.name} is held by {holder or 'nobody'}"
+            )
+        return renewed
 
     async def release(self) -> None:
         """On a clean stop: the Lease says nobody holds it, so a standby takes it at its next look."""

@@ -9,7 +9,16 @@ from pydantic import ConfigDict, Field, model_validator
 
 from backup.in_place import InPlaceRecord
 from framework.kube.model import ApiModel, StatusModel
-from framework.spec import BootstrapSpec, DeletionPolicy, PodTemplateOverrides, ResourcesSpec, StorageSpec
+from framework.spec import (
+    CEL_CONTROL,
+    CONTROL,
+    BootstrapSpec,
+    DeletionPolicy,
+    PodTemplateOverrides,
+    ResourcesSpec,
+    StorageSpec,
+    entries_hazard,
+)
 from services.postgres.wal_archive import ArchiverReport, WalArchiveSpec
 
 # Set by the operator, matched as PostgreSQL matches names (case-insensitively): a user's value
@@ -40,10 +49,6 @@ MANAGED_PREFIXES = ("archive_", "ssl", "include", "recovery_", "primary_")
 PARAMETER_NAME = "^[A-Za-z_][A-Za-z0-9_]*([.][A-Za-z_][A-Za-z0-9_]*)?$"  # RE2 and Python alike
 PARAMETER_NAME_LENGTH = 63  # NAMEDATALEN - 1
 VALUE_LENGTH = 4096
-# Control characters (a newline above all) would leave their line in postgresql.conf or
-# pg_hba.conf, and their place in the ConfigMap the operator applies.
-CONTROL = r"[\x00-\x1f\x7f]"
-CEL_CONTROL = "[[:cntrl:]]"  # the same class in RE2's words (CEL has no escapes in it then)
 
 
 def managed_parameter(name: str) -> bool:
@@ -223,13 +228,16 @@ def template_hazards(spec: PostgresSpec) -> str | None:
     """What in the spec the templates cannot take safely, naming the field (None: nothing).
     Admission refuses all of it; this also covers an object stored before a rule existed, whose
     change is then refused while the instance stays operated (probes, labels, failover)."""
-    for name, value in spec.parameters.items():
-        if len(name) > PARAMETER_NAME_LENGTH or not re.match(PARAMETER_NAME, name):
-            return f"spec.parameters.{name}: not a PostgreSQL parameter name"
-        if managed_parameter(name):
-            return f"spec.parameters.{name}: managed by the operator"
-        if re.search(CONTROL, value):
-            return f"spec.parameters.{name}: {value!r} holds control characters"
+    hazard = entries_hazard(
+        "spec.parameters",
+        spec.parameters,
+        PARAMETER_NAME,
+        PARAMETER_NAME_LENGTH,
+        "PostgreSQL parameter name",
+        managed_parameter,
+    )
+    if hazard:
+        return hazard
     for index, line in enumerate(spec.pg_hba):
         if re.search(CONTROL, line):
             return f"spec.pgHba[{index}]: {line!r} holds control characters: one line per item"

@@ -8,7 +8,15 @@ from typing import Annotated, Literal
 from pydantic import Field, field_validator
 
 from framework.kube.model import ApiModel, StatusModel
-from framework.spec import BootstrapSpec, DeletionPolicy, PodTemplateOverrides, ResourcesSpec, StorageSpec
+from framework.spec import (
+    CEL_CONTROL,
+    BootstrapSpec,
+    DeletionPolicy,
+    PodTemplateOverrides,
+    ResourcesSpec,
+    StorageSpec,
+    entries_hazard,
+)
 
 # rabbitmq.conf keys the operator sets: a user's value would break cluster formation, the
 # Services, the default user or the management API the operator talks to.
@@ -40,8 +48,6 @@ TWO_NODES = (
 CONFIG_KEY = "^[A-Za-z0-9_$-]+([.][A-Za-z0-9_$-]+)*$"
 CONFIG_KEY_LENGTH = 253
 VALUE_LENGTH = 4096
-CONTROL = r"[\x00-\x1f\x7f]"
-CEL_CONTROL = "[[:cntrl:]]"
 
 
 def managed_key(key: str) -> bool:
@@ -52,14 +58,15 @@ def config_hazard(config: dict[str, str]) -> str | None:
     """What in spec.config rabbitmq.conf cannot take, naming the entry (None: nothing). Admission
     refuses it all; this covers an object stored before a rule existed: its change is refused
     while the cluster stays operated."""
-    for key, value in config.items():
-        if len(key) > CONFIG_KEY_LENGTH or not re.match(CONFIG_KEY, key):
-            return f"spec.config.{key}: not a rabbitmq.conf key"
-        if managed_key(key):
-            return f"spec.config.{key}: managed by the operator"
-        if re.search(CONTROL, value):
-            return f"spec.config.{key}: {value!r} holds control characters: one rabbitmq.conf line each"
-    return None
+    return entries_hazard(
+        "spec.config",
+        config,
+        CONFIG_KEY,
+        CONFIG_KEY_LENGTH,
+        "rabbitmq.conf key",
+        managed_key,
+        per_line=": one rabbitmq.conf line each",
+    )
 
 
 class RabbitMQSpec(ApiModel):
