@@ -96,3 +96,41 @@ def block_loopback_port(pod_uid: str, port: int) -> None:
     pid = next(pid for pid in pod_processes(pod_uid) if _command(pid)[:1] != ["/pause"])
     rule = ["-i", "lo", "-p", "tcp", "--dport", str(port), "-j", "DROP"]
     subprocess.run(["nsenter", "-t", str(pid), "-n", "iptables", "-I", "INPUT", *rule], check=True)
+
+
+# The operators of a partition test run with this group id: a partition drops their packets only
+# (the host's iptables match the sending process's group), so the primary's clients, its
+# kubelet and its standbys still reach it, as when a network fault isolates the operator.
+PARTITIONED_GROUP = 61234
+PARTITION_COMMENT = "statefleet-test-partition"
+
+
+def _partition_rule(pod_ip: str) -> list[str]:
+    return [
+        "OUTPUT",
+        "-d",
+        pod_ip,
+        "-m",
+        "owner",
+        "--gid-owner",
+        str(PARTITIONED_GROUP),
+        "-m",
+        "comment",
+        "--comment",
+        PARTITION_COMMENT,
+        "-j",
+        "DROP",
+    ]
+
+
+def cut_off(pod_ip: str) -> None:
+    """Every packet an operator of PARTITIONED_GROUP sends to `pod_ip` is dropped."""
+    subprocess.run(["iptables", "-w", "-I", *_partition_rule(pod_ip)], check=True)
+
+
+def heal_partitions() -> None:
+    """Every rule `cut_off` inserted goes (those a killed run left too)."""
+    listed = subprocess.run(["iptables", "-w", "-S", "OUTPUT"], check=True, capture_output=True, text=True)
+    for line in listed.stdout.splitlines():
+        if PARTITION_COMMENT in line and line.startswith("-A "):
+            subprocess.run(["iptables", "-w", "-D", *line.split()[1:]], check=True)

@@ -25,8 +25,11 @@ METRICS_PORT = 19090
 
 
 class OperatorProcess:
-    def __init__(self, log_path: Path, namespaces: str, catalog: Path, port_offset: int = 0) -> None:
+    def __init__(
+        self, log_path: Path, namespaces: str, catalog: Path, port_offset: int = 0, group: int | None = None
+    ) -> None:
         self.log_path = log_path
+        self.group = group  # the process's group id (a partition test's rules match it)
         self.namespaces = namespaces
         self.catalog = catalog
         # Each parallel test worker's operator has ports of its own.
@@ -42,12 +45,13 @@ class OperatorProcess:
         log_name: str = "operator-e2e.log",
         catalog: Path | None = None,
         port_offset: int = 0,
+        group: int | None = None,
     ) -> OperatorProcess:
         """The operator for namespaces matching `namespaces` only: an operator installed with
         Helm, or another test worker's, may own others."""
         log_dir = REPO / ".testbed" / "logs"
         log_dir.mkdir(parents=True, exist_ok=True)
-        operator = cls(log_dir / log_name, namespaces, catalog or e2e_catalog(), port_offset)
+        operator = cls(log_dir / log_name, namespaces, catalog or e2e_catalog(), port_offset, group)
         operator.launch()
         return operator
 
@@ -83,6 +87,7 @@ class OperatorProcess:
                 ],
                 cwd=REPO,
                 env=env,
+                group=self.group,
                 stdout=log,
                 stderr=subprocess.STDOUT,
             )

@@ -8,6 +8,7 @@ never overlap; requests that arrive during one are folded into a single rerun.
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 import time
 from collections.abc import Iterable
@@ -178,18 +179,53 @@ class InstanceController:
             )
             if observed.status.get("childrenHash"):  # before the first apply there is nothing to prune
                 await self._prune(plugin, observed, planned.children)
+        key = (plugin.service, observed.namespace, observed.name)
+        written = observed.status
+        if decides(plugin.decisive_status, observed.status, planned.status):
+            # A decision (who is the primary, a change started) is recorded before anything acts
+            # on it, over the status it was made from: of two operators that decided at once,
+            # only one acts; the other's write fails and it plans again from what is true now.
+            # Only the decision: what the actions will do (a reload, a certificate) is recorded
+            # once they did it.
+            written = copy.deepcopy(observed.status)
+            for field in plugin.decisive_status:
+                if field in planned.status:
+                    written[field] = copy.deepcopy(planned.status[field])
+                else:
+                    written.pop(field, None)
+            decided = await self._write_status(
+                plugin, key, body, observed, observed.status, written, precondition=True
+            )
+            if not decided:
+                return
         # Always: a pod that comes back (deleted, evicted) must get its role label at once.
         await self._label_pods(observed, planned.operations.pod_labels)
         for action in planned.operations.actions:
             log.info("%s", action, extra=about(plugin.kind, observed.namespace, observed.name))
             await plugin.perform(self.client, observed, action)
         await self._apply_tls_resources(plugin, body, planned)
-        key = (plugin.service, observed.namespace, observed.name)
-        decisive = decides(plugin.decisive_status, observed.status, planned.status)
+        # What the actions did (or that cert-manager refused) is recorded after them.
+        if not await self._write_status(
+            plugin, key, body, observed, written, planned.status, precondition=False
+        ):
+            return
+        for note in planned.events:
+            await post_event(self.client, plugin.kind, body, note)
+
+    async def _write_status(
+        self,
+        plugin: ServicePlugin,
+        key: tuple[str, str, str],
+        body: dict[str, Any],
+        observed: Observed,
+        current: dict[str, Any],
+        desired: dict[str, Any],
+        precondition: bool,
+    ) -> bool:
+        """Whether the status was written (or needed nothing); a stale decisive write sends the
+        resource round again at once."""
         try:
-            await self.status.write(
-                key, plugin.resource(), body, observed.status, planned.status, precondition=decisive
-            )
+            await self.status.write(key, plugin.resource(), body, current, desired, precondition=precondition)
         except StaleStatus as stale:
             # Another writer (a second operator, a stale leader) changed it: this decision was
             # made on what is no longer true. The running pass goes round again at once.
@@ -197,9 +233,8 @@ class InstanceController:
                 "%s: planning again", stale, extra=about(plugin.kind, observed.namespace, observed.name)
             )
             await self.queue.process(key)
-            return
-        for note in planned.events:
-            await post_event(self.client, plugin.kind, body, note)
+            return False
+        return True
 
     async def _apply_tls_resources(self, plugin: ServicePlugin, body: dict[str, Any], planned: Plan) -> None:
         """After the service's own actions: cert-manager refusing (or gone) must not stop a failover."""

@@ -100,7 +100,12 @@ copy_cert_manager_crds() {
 PREPARE=copy_cert_manager_crds RECIPE_EXTRA=$TESTBED_SRC/gomod/certmanager/main.go \
   CGO_ENABLED=0 build_once "$CERT_MANAGER_BIN" "$TESTBED_SRC/gomod/certmanager" "$GO_LDFLAGS_BASE" .
 
+# The chaos test's history checker: porcupine under a model of ours (gomod/linearizability).
+RECIPE_EXTRA=$TESTBED_SRC/gomod/linearizability/main.go \
+  CGO_ENABLED=0 build_once "$LINEARIZABILITY_BIN" "$TESTBED_SRC/gomod/linearizability" "$GO_LDFLAGS_BASE" .
+
 mkdir -p "$TB/bin"
 ln -sfn "$KUBE_BIN/kubectl" "$KUBECTL"
 ln -sfn "$HELM_BIN/helm" "$HELM"
 ln -sfn "$CERT_MANAGER_BIN" "$TB/bin/cert-manager"
+ln -sfn "$LINEARIZABILITY_BIN/linearizability" "$TB/bin/linearizability"

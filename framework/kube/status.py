@@ -21,12 +21,17 @@ def status_patch(current: dict[str, Any], desired: dict[str, Any]) -> dict[str, 
 
 
 def _merge_patch(current: dict[str, Any], desired: dict[str, Any]) -> dict[str, Any]:
-    patch: dict[str, Any] = {k: None for k in current if k not in desired}
+    """Only what changed: a field resent unchanged would put back what another writer (a second
+    operator) changed since `current` was read."""
+    patch: dict[str, Any] = {k: None for k in current if k not in desired and current[k] is not None}
     for key, value in desired.items():
         before = current.get(key)
-        patch[key] = (
-            _merge_patch(before, value) if isinstance(value, dict) and isinstance(before, dict) else value
-        )
+        if isinstance(value, dict) and isinstance(before, dict):
+            nested = _merge_patch(before, value)
+            if nested:
+                patch[key] = nested
+        elif value != before:
+            patch[key] = value
     return patch
 
 

@@ -43,7 +43,10 @@ select pg_is_in_recovery(),
             then coalesce((select received_tli from pg_stat_wal_receiver),
                           (select timeline_id from pg_control_checkpoint()))
             else ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int end,
-       coalesce((select status = 'streaming' from pg_stat_wal_receiver), false)
+       coalesce((select status = 'streaming' from pg_stat_wal_receiver), false),
+       case when pg_is_in_recovery()
+            then coalesce((select conninfo from pg_stat_wal_receiver where conninfo <> ''),
+                          current_setting('primary_conninfo')) end
 """
 
 
@@ -53,6 +56,7 @@ class Servers:
 
     def __init__(self, superuser_secret: str) -> None:
         self.passwords = SecretValues(superuser_secret, "password")  # the Secret's name with {name} in it
+        self._background: set[asyncio.Task[None]] = set()  # kept referenced until they finish
 
     async def password(self, client: AsyncClient, namespace: str, name: str) -> str:
         return await self.passwords.get(client, namespace, name)
@@ -96,8 +100,14 @@ class Servers:
         except (OSError, TimeoutError, psycopg.Error, ApiError):
             return None
         assert row is not None
-        in_recovery, lsn, timeline, streaming = row
-        return Facts(in_recovery=in_recovery, lsn=parse_lsn(lsn), timeline=int(timeline), streaming=streaming)
+        in_recovery, lsn, timeline, streaming, conninfo = row
+        return Facts(
+            in_recovery=in_recovery,
+            lsn=parse_lsn(lsn),
+            timeline=int(timeline),
+            streaming=streaming,
+            upstream=upstream_of(conninfo),
+        )
 
     async def promote(self, client: AsyncClient, observed: Observed, ip: str) -> None:
         async with (
@@ -112,6 +122,22 @@ class Servers:
             )[0]
         if not promoted:
             raise RuntimeError(f"pg_promote on {ip} did not finish within 30 s")
+        # Until its first checkpoint, the new primary's control file still names the timeline
+        # it left: a standby rewound against it meanwhile would be told its timeline is not a
+        # child of the primary's. The end-of-recovery checkpoint is skipped by a fast promote.
+        task = asyncio.get_running_loop().create_task(
+            self._checkpoint_after_promotion(client, observed.namespace, observed.name, ip)
+        )
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _checkpoint_after_promotion(
+        self, client: AsyncClient, namespace: str, name: str, ip: str
+    ) -> None:
+        try:
+            await self.checkpoint(client, namespace, name, ip)
+        except (OSError, TimeoutError, psycopg.Error, ApiError) as error:
+            log.info("no checkpoint after the promotion at %s: %s", ip, error or type(error).__name__)
 
     async def repoint(self, client: AsyncClient, observed: Observed, ip: str, primary_host: str) -> None:
         """The standby at `ip` streams from `primary_host` from now on: its primary_conninfo
@@ -190,6 +216,7 @@ def members_of(observed: Observed, answers: Answers[Facts], probed_at: float) ->
             # deletionTimestamp is when the grace period ends (the request's time plus it)
             grace_ends=parsed.timestamp() if deleted_at and (parsed := parse_time(deleted_at)) else None,
             unready_since=since.timestamp() if (since := parse_time(unready_since(pod))) else None,
+            server_life=server_life(pod),
         )
     return members
 
@@ -203,6 +230,25 @@ def server_stopped(pod: dict[str, Any]) -> bool:
         if status.get("name") == SERVER_CONTAINER:
             return "running" not in (status.get("state") or {})
     return False
+
+
+def server_life(pod: dict[str, Any]) -> str | None:
+    """ "<pod uid>/<restarts>" of the server's container while it runs; None while it does not."""
+    for status in (pod.get("status") or {}).get("containerStatuses") or []:
+        if status.get("name") == SERVER_CONTAINER and "running" in (status.get("state") or {}):
+            return f"{pod['metadata'].get('uid')}/{status.get('restartCount', 0)}"
+    return None
+
+
+def upstream_of(conninfo: str | None) -> str | None:
+    """The first label of the host a standby's conninfo names (a pod, or `<name>-rw`)."""
+    if not conninfo:
+        return None
+    try:
+        host = conninfo_to_dict(conninfo).get("host")
+    except psycopg.ProgrammingError:
+        return None
+    return str(host).split(".", 1)[0] if host else None
 
 
 async def rw_endpoints(client: AsyncClient, namespace: str, name: str) -> frozenset[str]:

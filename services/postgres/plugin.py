@@ -311,6 +311,10 @@ class PostgresPlugin(ServicePlugin):
 
     def operations(self, spec: PostgresSpec, observed: Observed, now: float) -> Operations:
         inspection = observed.inspection
+        if inspection is not None and inspection.facts.primary != observed.status.get("currentPrimary"):
+            # Asked before the primary changed (another operator's pass, or ours): what the
+            # servers said then decides nothing now. Asked again at once.
+            return Operations(inspect_in=0.0)
         found = inspection.facts if inspection else ServerFacts(NO_ANSWERS, None, {}, {}, None, frozenset())
         members = {
             pod: replace(
@@ -459,7 +463,7 @@ class PostgresPlugin(ServicePlugin):
             await self.perform(client, observed, RestartPod(action.pod, action.reason))
         elif isinstance(action, RestartPod):
             try:
-                await client.delete(Pod, action.pod, namespace=observed.namespace)
+                await client.delete(Pod, action.pod, namespace=observed.namespace, grace_period=action.grace)
             except ApiError as error:
                 if error.status.code != 404:
                     raise

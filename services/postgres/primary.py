@@ -29,6 +29,13 @@ FRESH = 3.0  # seconds: a probe older than this does not decide whether the prim
 # machine or container keeps its pod Ready (the kubelet's probes hang with it).
 SILENT_LIMIT = 3.0
 HEARTBEAT = 2.0  # seconds between probes of a cluster with standbys, to notice that
+# A failover deletes the old primary's pod with this grace period: a server that still runs
+# (cut off from us, not from its clients) stops with a fast shutdown, which hands its last WAL
+# to the standbys, and its pod goes soon after.
+FENCE_GRACE = 3
+# Past the grace period, a fenced server not seen to stop (its kubelet cut off too, a frozen
+# container) is taken for stopped this long after: the kubelet kills at the end of the grace.
+FENCE_MARGIN = 2.0
 
 
 @dataclass(frozen=True)
@@ -39,6 +46,9 @@ class Facts:
     lsn: int  # a primary's write position; a standby's received or replayed, whichever is further
     timeline: int
     streaming: bool = False  # a standby's WAL receiver is streaming
+    # A standby: the pod (or Service) its WAL receiver streams from, or is set to reach while it
+    # connects; the first label of the host name.
+    upstream: str | None = None
 
 
 @dataclass(frozen=True)
@@ -57,6 +67,9 @@ class Member:
     server_stopped: bool = False  # its server's container is not running (terminated, or waiting)
     grace_ends: float | None = None  # a pod being deleted: when its grace period ends (epoch)
     unready_since: float | None = None  # its pod's Ready condition False since (epoch)
+    # "<pod uid>/<restarts>" of its server's container while that runs, None while it does not:
+    # a fenced server is stopped once this changed.
+    server_life: str | None = None
 
     @property
     def answers_as_primary(self) -> bool:
@@ -79,6 +92,7 @@ class RestartPod:
 
     pod: str
     reason: str
+    grace: int | None = None  # seconds; None: the pod's own grace period
 
 
 @dataclass(frozen=True)
@@ -208,7 +222,7 @@ def plan_primary(observed: PrimaryInput) -> PrimaryPlan:
     members = observed.members
     everyone_replica = {pod: REPLICA for pod in members}
 
-    if target and target != primary:
+    if target:
         return _finish_change(observed, primary, target, everyone_replica)
 
     # Only a server seen answering as a primary in this life of its pod carries the label: a
@@ -243,9 +257,13 @@ def plan_primary(observed: PrimaryInput) -> PrimaryPlan:
         rival = next((m for m in others if m.answers_as_primary), None)
         best = most_advanced(others)
         if rival is None and (best is None or best.facts is None or current.facts.lsn >= best.facts.lsn):
-            plan.actions.append(Promote(primary))
-            plan.probe_again = 0.5
-            return plan
+            if not status.get("initialized"):
+                plan.actions.append(Promote(primary))  # a new cluster's first primary
+                plan.probe_again = 0.5
+                return plan
+            # Recorded first, like any change of primary: a second operator that saw it down
+            # meanwhile cannot also start a failover (its status write fails).
+            return _start_change(observed, plan, primary, current, "its server restarted", "Restart")
         if rival is None and best is not None:
             return _start_change(observed, plan, primary, best, "it restarted behind a standby", "Failover")
         # Another server answers as a primary without the label: it is the one fenced.
@@ -414,16 +432,19 @@ def _start_change(
         kind == "Failover"
         and old is not None
         and old.exists
-        and (old.ready or old.answers_as_primary)
+        and (old.ready or old.answers_as_primary or old.server_life is not None)
         and not (old.terminating or old.standby)
     ):
         # Fenced: its pod looks ready but its server is silent to us (frozen, or cut off from
         # us but not from its clients), or its server answers from a pod that is not ready:
-        # its clients lose it now. Its pod goes (gracefully: a frozen one stays until it
-        # thaws, then dies at once; a clean stop sends its last WAL) and comes back a standby,
-        # and nothing is promoted while it still answers as a primary. A server that is down
-        # and not ready serves nobody and is left to restart.
-        plan.actions.append(RestartPod(primary, "fenced: a failover replaces it"))
+        # its clients lose it now. Its pod goes with a short grace period (a clean stop sends
+        # its last WAL) and comes back a standby; nothing is promoted until this life of its
+        # server is over (see `_fence_pending`). A server that is down and not ready serves
+        # nobody and is left to restart.
+        plan.actions.append(RestartPod(primary, "fenced: a failover replaces it", grace=FENCE_GRACE))
+        fenced = old.server_life
+    else:
+        fenced = None
     plan.failover = {
         "kind": kind,
         "from": primary,
@@ -431,16 +452,15 @@ def _start_change(
         "reason": why,
         "startedAt": format_time(observed.now),
         "startedAtSeconds": observed.now,
+        **({"fenced": fenced} if fenced else {}),
     }
     lsn = f" at LSN {format_lsn(to.facts.lsn)}" if to.facts else ""
-    plan.events.append(
-        (
-            "Warning" if kind == "Failover" else "Normal",
-            f"{kind}Started",
-            f"{primary} -> {to.pod}{lsn}: {why}",
-        )
-    )
-    plan.probe_again = 0.2
+    if kind == "Restart":
+        message = f"{primary} is promoted again in place{lsn}: {why}"
+    else:
+        message = f"{primary} -> {to.pod}{lsn}: {why}"
+    plan.events.append(("Warning" if kind == "Failover" else "Normal", f"{kind}Started", message))
+    plan.probe_again = 0.2 if kind != "Restart" else 0.05
     return plan
 
 
@@ -450,8 +470,11 @@ def _finish_change(
     status = observed.status
     change = dict(status.get("failover") or {})
     plan = PrimaryPlan(primary=primary, target=target, labels=everyone_replica, failover=change)
+    if target == primary:
+        return _finish_restart(observed, plan, change)
     chosen = observed.members.get(target)
     old = observed.members.get(primary)
+    failover = change.get("kind") == "Failover"
     if observed.rw_endpoints is None or observed.rw_endpoints:
         plan.probe_again = 0.2  # the label is gone; wait until the Service lets go as well
         return plan
@@ -468,22 +491,24 @@ def _finish_change(
             plan.failover = change = {**change, "stuck": stuck}
             plan.events.append(("Warning", "PrimaryStuckTerminating", f"{stuck}: promoting {target}"))
     if old is not None and old.answers_as_primary:
-        if change.get("kind") == "Failover" and not old.terminating and old.ready:
-            # It answers again before anything was promoted: nothing was lost, keep it.
-            plan.target = None
-            plan.labels = {pod: (PRIMARY if pod == primary else REPLICA) for pod in observed.members}
-            plan.failover = {**change, "cancelled": format_time(observed.now)}
-            plan.events.append(("Normal", "FailoverCancelled", f"{primary} answers again as the primary"))
-            plan.probe_again = 1.0
-            return plan
-        # A clean stop sends every last WAL record to the standbys before the server exits:
-        # the standby is promoted once the old primary no longer answers as one.
+        # Nothing is promoted while the old primary answers as one. A failover fenced it (a
+        # server that answers again is fenced all the same: it may have lost writes' answers
+        # to its clients, and a second operator may have seen it down); a switchover stops it
+        # cleanly, which sends every last WAL record to the standbys.
         if not old.terminating:
-            plan.actions.append(
-                RestartPod(primary, "switchover: it stops so the new primary has all its WAL")
-            )
+            if failover:
+                plan.actions.append(RestartPod(primary, "fenced: a failover replaces it", grace=FENCE_GRACE))
+                if not change.get("fenced") and old.server_life:
+                    plan.failover = {**change, "fenced": old.server_life}
+            else:
+                plan.actions.append(
+                    RestartPod(primary, "switchover: it stops so the new primary has all its WAL")
+                )
         plan.probe_again = 0.3
         return plan
+    if failover and _fence_pending(observed, plan, change, old):
+        return plan
+    change = plan.failover or change
     if (chosen is None or chosen.facts is None or chosen.terminating) and change.get("promoting"):
         plan.probe_again = 1.0  # promoted, or being: never a second one
         return plan
@@ -506,6 +531,8 @@ def _finish_change(
         return plan
     if chosen.standby:
         if change.get("promoting") != target:
+            if failover and _detach(observed, plan, change, chosen):
+                return plan
             # Recorded before it is asked: a promotion whose call failed, or whose answer was
             # lost (a busy machine), is asked again of the same pod, never of another.
             plan.failover = {**change, "promoting": target}
@@ -514,7 +541,111 @@ def _finish_change(
         plan.actions.append(Promote(target))
         plan.probe_again = 0.2
         return plan
-    # The chosen one answers as a primary: the change is done.
+    return _complete(observed, plan, change, primary, target)
+
+
+def _fence_pending(
+    observed: PrimaryInput, plan: PrimaryPlan, change: dict[str, Any], old: Member | None
+) -> bool:
+    """Whether the fenced old primary may still be running: the life of its server recorded at
+    the fence (`failover.fenced`) is not over yet (container running, same restart count, same
+    pod), and its grace period and FENCE_MARGIN have not passed. Past them, a server not seen
+    to stop (a node cut off from the API too, a frozen container) is taken for stopped, and an
+    Event says so."""
+    fenced = change.get("fenced")
+    if not fenced or change.get("unconfirmed") or change.get("promoting"):
+        return False
+    if old is None or not old.exists or old.server_life != fenced:
+        return False  # this life of its server is over
+    if not old.terminating:
+        # The deletion recorded with the decision did not happen (an operator stopped between
+        # the two, a refused call): asked again; nothing is taken for stopped before it.
+        plan.actions.append(RestartPod(old.pod, "fenced: a failover replaces it", grace=FENCE_GRACE))
+        plan.probe_again = 0.2
+        return True
+    grace_ends = old.grace_ends or float(change.get("startedAtSeconds", observed.now)) + FENCE_GRACE
+    if observed.now < grace_ends + FENCE_MARGIN:
+        plan.probe_again = 0.2
+        return True
+    waited = observed.now - float(change.get("startedAtSeconds", observed.now))
+    plan.failover = {**change, "unconfirmed": format_time(observed.now)}
+    plan.events.append(
+        (
+            "Warning",
+            "FenceUnconfirmed",
+            f"{old.pod}'s server was not seen to stop {waited:.1f} s after it was fenced "
+            f"(its container still runs as far as the API knows): promoting {change.get('to')}",
+        )
+    )
+    return False
+
+
+def _detach(observed: PrimaryInput, plan: PrimaryPlan, change: dict[str, Any], chosen: Member) -> bool:
+    """Before a failover's promotion, no other standby may still follow the old primary: each
+    is repointed to the chosen one (and streams from it, cascading, until it is promoted). With
+    synchronous commit, an old primary that is still running then cannot acknowledge a commit
+    the new one lacks: the chosen standby stops receiving when it is promoted, and fewer than
+    `synchronous` others could still be silent followers. A standby that went further than the
+    chosen one (the old primary kept streaming to it) is promoted instead. Whether it is
+    waiting for that."""
+    primary, target = plan.primary, chosen.pod
+    others = [m for m in observed.members.values() if m.pod not in (primary, target) and m.exists]
+    following = [m for m in others if m.standby and m.facts is not None and m.facts.upstream != target]
+    if following:
+        plan.actions.append(Repoint(tuple(m.pod for m in following), target))
+        plan.probe_again = 0.2
+        return True
+    silent = [m for m in others if m.facts is None and m.server_life is not None]
+    if observed.synchronous and len(silent) >= observed.synchronous:
+        plan.probe_again = 0.5  # they may still acknowledge for the old primary
+        return True
+    further = most_advanced([m for m in others if m.standby and not m.terminating], require_ready=False)
+    ahead = further.facts.lsn if further is not None and further.facts is not None else 0
+    if further is not None and chosen.facts is not None and ahead > chosen.facts.lsn:
+        plan.target = further.pod
+        plan.failover = {**change, "to": further.pod}
+        plan.events.append(
+            (
+                "Normal",
+                "FailoverRetargeted",
+                f"{further.pod} has more WAL than {target} ({format_lsn(ahead)} > "
+                f"{format_lsn(chosen.facts.lsn)}): promoting it instead",
+            )
+        )
+        plan.probe_again = 0.2
+        return True
+    return False
+
+
+def _finish_restart(observed: PrimaryInput, plan: PrimaryPlan, change: dict[str, Any]) -> PrimaryPlan:
+    """A primary whose server restarted (and came back a standby, as every server does) is
+    promoted again in place, as a recorded change."""
+    primary = plan.primary
+    member = observed.members.get(primary)
+    if member is not None and member.answers_as_primary:
+        return _complete(observed, plan, change, primary, primary)
+    if member is not None and member.standby and not member.terminating:
+        if change.get("promoting") != primary:
+            plan.failover = {**change, "promoting": primary}
+            plan.probe_again = 0.05
+            return plan
+        plan.actions.append(Promote(primary))
+        plan.probe_again = 0.2
+        return plan
+    if member is not None and not _gone(member, observed.monotonic):
+        plan.probe_again = 0.3  # one answer lost (a busy machine): asked again
+        return plan
+    # Down again (promoted or not: it was the primary already): the next pass treats it as any
+    # primary that is down, and fails over with the same care.
+    plan.target = None
+    plan.probe_again = 0.2
+    return plan
+
+
+def _complete(
+    observed: PrimaryInput, plan: PrimaryPlan, change: dict[str, Any], primary: str, target: str
+) -> PrimaryPlan:
+    """The chosen one answers as a primary: the change is done."""
     took = observed.now - float(change.get("startedAtSeconds", observed.now))
     plan.primary, plan.target = target, None
     plan.labels = {pod: (PRIMARY if pod == target else REPLICA) for pod in observed.members}
@@ -525,9 +656,11 @@ def _finish_change(
         "seconds": round(took, 1),
     }
     plan.actions.append(Repoint(tuple(p for p in observed.members if p != target), target))
-    plan.events.append(
-        ("Normal", f"{kind}Completed", f"{target} is the primary (was {primary}) after {took:.1f} s")
-    )
+    if target == primary:
+        message = f"{target} is the primary again after {took:.1f} s"
+    else:
+        message = f"{target} is the primary (was {primary}) after {took:.1f} s"
+    plan.events.append(("Normal", f"{kind}Completed", message))
     plan.probe_again = 1.0
     return plan
 

@@ -166,7 +166,7 @@ class PostgresSpec(ApiModel):
 
 
 class FailoverStatus(StatusModel):
-    kind: str | None = None  # Failover or Switchover
+    kind: str | None = None  # Failover, Switchover, or Restart (promoted again in place)
     from_: str | None = Field(default=None, alias="from")
     to: str | None = None
     reason: str | None = None
@@ -182,7 +182,13 @@ class FailoverStatus(StatusModel):
         default=None,
         description="why a switchover went on while the old primary's pod was still being deleted",
     )
-    cancelled: str | None = Field(default=None, description="when the old primary answered again, unreplaced")
+    fenced: str | None = Field(
+        default=None,
+        description="the fenced server (<pod uid>/<restarts>): nothing is promoted while it runs",
+    )
+    unconfirmed: str | None = Field(
+        default=None, description="when the fenced server was taken for stopped without being seen to stop"
+    )
 
 
 class SwitchoverStatus(StatusModel):

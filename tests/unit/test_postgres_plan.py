@@ -551,3 +551,29 @@ def test_the_provider_is_chosen_once_and_kept() -> None:
     )
     assert again.tls_resources == []
     assert again.status["tls"]["provider"] == "operator"
+
+
+def test_answers_collected_under_another_primary_decide_nothing_and_are_asked_again() -> None:
+    """Servers asked before the primary changed (a second operator completed a failover
+    meanwhile): what they said then would start a second change. Nothing is planned on it."""
+    from framework.plugin import Inspection
+    from framework.servers import NO_ANSWERS
+    from services.postgres.plugin import ServerFacts
+
+    spec = {"instances": 2, "storage": {"size": "1Gi"}}
+    pods = [ready_pod("demo-0"), ready_pod("demo-1")]
+    status = {"initialized": True, "currentPrimary": "demo-1", "targetPrimary": None}
+    stale = Inspection(
+        at=0.0,
+        facts=ServerFacts(NO_ANSWERS, None, {}, {}, "demo-0", frozenset()),
+        answered=True,
+    )
+    planned = PLUGIN.operations(
+        PLUGIN.spec_model.model_validate(spec),
+        observed(spec, pods=pods, status=status, inspection=stale),
+        0.0,
+    )
+    assert planned.actions == []
+    assert planned.pod_labels == {}
+    assert planned.status == {}
+    assert planned.inspect_in == 0.0

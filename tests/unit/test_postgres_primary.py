@@ -9,8 +9,10 @@ import pytest
 
 from framework.plugin import Observed
 from framework.servers import NO_ANSWERS
-from services.postgres.instances import members_of
+from services.postgres.instances import members_of, server_life, upstream_of
 from services.postgres.primary import (
+    FENCE_GRACE,
+    FENCE_MARGIN,
     PRIMARY,
     REJOIN_AFTER,
     REPLICA,
@@ -168,10 +170,45 @@ def test_a_single_instance_has_no_failover_and_waits_for_its_server() -> None:
     assert plan.labels == {"demo-0": REPLICA}  # nothing behind <name>-rw until it answers
 
 
-def test_a_restarted_primary_comes_back_as_a_standby_and_is_promoted_in_place() -> None:
-    plan = plan_primary(observe(member("demo-0", standby(lsn=500)), member("demo-1", standby(lsn=500))))
-    assert plan.actions == [Promote("demo-0")]
+def test_a_restarted_primary_comes_back_as_a_standby_and_is_promoted_in_place_as_a_recorded_change() -> None:
+    # Recorded first (a decisive status write): a second operator that saw it down cannot
+    # start a failover beside this promotion.
+    members = (member("demo-0", standby(lsn=500)), member("demo-1", standby(lsn=500)))
+    plan = plan_primary(observe(*members))
+    assert (plan.primary, plan.target) == ("demo-0", "demo-0")
+    assert plan.failover is not None
+    assert plan.failover["kind"] == "Restart"
+    assert plan.actions == []
     assert plan.labels["demo-0"] == REPLICA  # labelled once it answers as the primary again
+    assert plan.events[0][1] == "RestartStarted"
+    status = {"currentPrimary": "demo-0", "targetPrimary": "demo-0", "failover": plan.failover}
+    assert promotion(observe(*members, status=status)) == [Promote("demo-0")]
+    done = plan_primary(observe(member("demo-0", primary(timeline=2)), members[1], status=status))
+    assert (done.primary, done.target, done.labels["demo-0"]) == ("demo-0", None, PRIMARY)
+    assert done.events == [("Normal", "RestartCompleted", "demo-0 is the primary again after 0.0 s")]
+
+
+def test_a_new_clusters_first_primary_is_promoted_without_a_recorded_change() -> None:
+    plan = plan_primary(observe(member("demo-0", standby()), status={"initialized": False}))
+    assert plan.actions == [Promote("demo-0")]
+    assert plan.target is None
+
+
+def test_a_restart_whose_server_goes_down_again_is_dropped_for_a_failover() -> None:
+    status = {
+        "currentPrimary": "demo-0",
+        "targetPrimary": "demo-0",
+        "failover": {"kind": "Restart", "from": "demo-0", "to": "demo-0", "startedAtSeconds": NOW},
+    }
+    gone = member("demo-0", None, ready=False)
+    plan = plan_primary(observe(gone, member("demo-1", standby()), status=status))
+    assert plan.target is None  # the next pass sees a primary down, as any other
+    # Asked already, or not: it was the primary, and a failover from it takes the same care.
+    asked = {**status, "failover": {**status["failover"], "promoting": "demo-0"}}
+    assert plan_primary(observe(gone, member("demo-1", standby()), status=asked)).target is None
+    # One answer lost while its pod is ready: asked again, nothing dropped.
+    lost = member("demo-0", None, silent_since=CLOCK - 1)
+    assert plan_primary(observe(lost, member("demo-1", standby()), status=asked)).target == "demo-0"
 
 
 def test_a_restarted_primary_behind_a_standby_fails_over_to_it() -> None:
@@ -371,15 +408,115 @@ def test_a_frozen_primary_whose_pod_stays_ready_is_down_after_its_silence() -> N
     assert plan.failover is not None
     assert plan.failover["reason"] == "its server has not answered for 3 s"
     # Ready but silent to us: clients may still reach it. Fenced.
-    assert plan.actions == [RestartPod("demo-0", "fenced: a failover replaces it")]
+    assert plan.actions == [RestartPod("demo-0", "fenced: a failover replaces it", grace=FENCE_GRACE)]
+    # The life of its server is recorded with the decision: nothing is promoted while it goes on.
+    running = replace(long_enough, server_life="uid-0/0")
+    plan = plan_primary(observe(running, member("demo-1", standby())))
+    assert plan.failover is not None
+    assert plan.failover["fenced"] == "uid-0/0"
 
 
-def test_a_failover_is_cancelled_when_the_old_primary_answers_before_any_promotion() -> None:
+def test_an_old_primary_that_answers_again_mid_failover_is_fenced_not_kept() -> None:
+    # It may have lost the answers to commits, and a second operator may have seen it down:
+    # keeping it would be a second decision. It stops; then the chosen one is promoted.
     plan = plan_primary(observe(member("demo-0", primary()), member("demo-1", standby()), status=CHANGING))
-    assert plan.target is None
-    assert plan.labels["demo-0"] == PRIMARY
+    assert plan.target == "demo-1"
+    assert set(plan.labels.values()) == {REPLICA}
+    assert plan.actions == [RestartPod("demo-0", "fenced: a failover replaces it", grace=FENCE_GRACE)]
+    stopping = member("demo-0", primary(), terminating=True)
+    assert plan_primary(observe(stopping, member("demo-1", standby()), status=CHANGING)).actions == []
+
+
+FENCED = {**CHANGING, "failover": {**CHANGING["failover"], "fenced": "uid-0/0", "startedAtSeconds": NOW - 1}}
+
+
+def test_nothing_is_promoted_while_the_fenced_servers_life_goes_on() -> None:
+    # Cut off from us, not from its clients: it answers nobody here, and its container runs.
+    running = member("demo-0", None, terminating=True, server_life="uid-0/0")
+    plan = plan_primary(observe(running, member("demo-1", standby()), status=FENCED))
     assert plan.actions == []
-    assert [e[1] for e in plan.events] == ["FailoverCancelled"]
+    assert plan.failover is not None
+    assert "promoting" not in plan.failover
+    # Its deletion, recorded with the decision, was not seen to happen: asked again.
+    undeleted = replace(running, terminating=False)
+    plan = plan_primary(observe(undeleted, member("demo-1", standby()), status=FENCED))
+    assert plan.actions == [RestartPod("demo-0", "fenced: a failover replaces it", grace=FENCE_GRACE)]
+    # Its container stopped, restarted, or its pod went: that life is over.
+    for over in (
+        member("demo-0", None, terminating=True, server_life=None),
+        member("demo-0", None, server_life="uid-0/1"),
+    ):
+        assert promotion(observe(over, member("demo-1", standby()), status=FENCED)) == [Promote("demo-1")]
+    assert promotion(observe(member("demo-1", standby()), status=FENCED)) == [Promote("demo-1")]
+
+
+def test_a_fenced_server_not_seen_to_stop_is_taken_for_stopped_past_its_grace_and_an_event_says_so() -> None:
+    started = NOW - FENCE_GRACE - FENCE_MARGIN
+    late = {**FENCED, "failover": {**FENCED["failover"], "startedAtSeconds": started}}
+    within = member("demo-0", None, terminating=True, server_life="uid-0/0", grace_ends=NOW - 1)
+    assert "unconfirmed" not in (
+        plan_primary(observe(within, member("demo-1", standby()), status=late)).failover or {}
+    )
+    frozen = member("demo-0", None, terminating=True, server_life="uid-0/0", grace_ends=NOW - FENCE_MARGIN)
+    plan = plan_primary(observe(frozen, member("demo-1", standby()), status=late))
+    assert plan.failover is not None
+    assert plan.failover["unconfirmed"]
+    assert plan.failover["promoting"] == "demo-1"
+    assert [e[1] for e in plan.events] == ["FenceUnconfirmed"]
+
+
+def test_before_a_promotion_no_other_standby_follows_the_old_primary() -> None:
+    down = member("demo-0", None, ready=False)
+    following = member("demo-2", replace(standby(), upstream="demo-rw"))
+    plan = plan_primary(observe(down, member("demo-1", standby()), following, status=CHANGING))
+    assert plan.actions == [Repoint(("demo-2",), "demo-1")]
+    assert plan.failover is not None
+    assert "promoting" not in plan.failover
+    detached = member("demo-2", replace(standby(), upstream="demo-1"))
+    assert promotion(observe(down, member("demo-1", standby()), detached, status=CHANGING)) == [
+        Promote("demo-1")
+    ]
+
+
+def test_synchronous_commit_a_silent_standby_that_may_follow_the_old_primary_holds_the_promotion() -> None:
+    down = member("demo-0", None, ready=False)
+    silent = member("demo-2", None, silent_since=CLOCK - 1, server_life="uid-2/0")  # its server runs
+    plan = plan_primary(observe(down, member("demo-1", standby()), silent, status=CHANGING, synchronous=1))
+    assert plan.actions == []
+    assert plan.failover is not None
+    assert "promoting" not in plan.failover
+    # A server that is not running acknowledges nothing.
+    stopped = replace(silent, server_life=None)
+    assert promotion(observe(down, member("demo-1", standby()), stopped, status=CHANGING, synchronous=1)) == [
+        Promote("demo-1")
+    ]
+    # Without synchronous commit nothing was promised: it goes on.
+    promoted = promotion(observe(down, member("demo-1", standby()), silent, status=CHANGING))
+    assert promoted == [Promote("demo-1")]
+
+
+def test_a_detached_standby_that_went_further_than_the_chosen_one_is_promoted_instead() -> None:
+    down = member("demo-0", None, ready=False)
+    further = member("demo-2", replace(standby(lsn=200), upstream="demo-1"))
+    plan = plan_primary(observe(down, member("demo-1", standby(lsn=100)), further, status=CHANGING))
+    assert plan.target == "demo-2"
+    assert plan.failover is not None
+    assert plan.failover["to"] == "demo-2"
+    assert [e[1] for e in plan.events] == ["FailoverRetargeted"]
+
+
+def test_a_pods_server_life_and_a_standbys_upstream() -> None:
+    def pod(state: dict[str, Any], restarts: int) -> dict[str, Any]:
+        status = {"name": "postgres", "state": state, "restartCount": restarts}
+        return {"metadata": {"name": "demo-0", "uid": "u1"}, "status": {"containerStatuses": [status]}}
+
+    assert server_life(pod({"running": {}}, 2)) == "u1/2"
+    assert server_life(pod({"terminated": {"exitCode": 0}}, 2)) is None
+    assert server_life({"metadata": {"name": "demo-0", "uid": "u1"}}) is None
+    assert upstream_of("host=demo-1.demo.apps.svc port=5432 user=streaming_replica") == "demo-1"
+    assert upstream_of("user=x host=demo-rw") == "demo-rw"
+    assert upstream_of("") is None
+    assert upstream_of(None) is None
 
 
 def test_a_primary_deleted_on_purpose_hands_over_only_once_its_server_stopped() -> None:
@@ -522,7 +659,8 @@ def test_what_a_change_records_is_kept_by_the_api_server() -> None:
     assert stuck.failover is not None
     assert "stuck" in stuck.failover
     assert dropped_fields({"failover": stuck.failover}, schema) == []
-    assert dropped_fields({"failover": {"cancelled": "2026-12-05T09:00:00Z"}}, schema) == []
+    fence = {"fenced": "uid/0", "unconfirmed": "2026-12-05T09:00:00Z", "kind": "Restart"}
+    assert dropped_fields({"failover": fence}, schema) == []
     assert dropped_fields({"failover": {"kind": "Failover", "unheard": 1}}, schema) == [
         "status.failover.unheard"
     ]
@@ -572,7 +710,7 @@ def test_a_primary_that_answers_from_a_pod_not_ready_is_fenced_then_replaced() -
     unready = member("demo-0", primary(), ready=False, unready_since=NOW - UNREADY_LIMIT - 1)
     plan = plan_primary(observe(unready, member("demo-1", standby())))
     assert plan.target == "demo-1"
-    assert plan.actions == [RestartPod("demo-0", "fenced: a failover replaces it")]
+    assert plan.actions == [RestartPod("demo-0", "fenced: a failover replaces it", grace=FENCE_GRACE)]
     assert plan.events[0][1] == "FailoverStarted"
     assert (
         "its pod has not been ready for 16 s (no client reaches it) while its server answers"

@@ -23,4 +23,13 @@ def test_a_patch_removes_what_is_no_longer_wanted_in_nested_objects_too() -> Non
     patch = status_patch(
         {"failover": {"waiting": "x", "to": "demo-1"}, "old": 1}, {"failover": {"to": "demo-1"}}
     )
-    assert patch == {"status": {"failover": {"waiting": None, "to": "demo-1"}, "old": None}}
+    assert patch == {"status": {"failover": {"waiting": None}, "old": None}}
+
+
+def test_a_patch_sends_only_what_changed_so_it_cannot_undo_another_writers_change() -> None:
+    # Read before another operator completed a failover: resending currentPrimary or the
+    # failover's other fields would put the old primary back.
+    read = {"currentPrimary": "demo-0", "failover": {"to": "demo-1", "from": "demo-0"}, "readyInstances": 3}
+    patch = status_patch(read, {**read, "readyInstances": 2})
+    assert patch == {"status": {"readyInstances": 2}}
+    assert status_patch(read, read) == {"status": {}}
