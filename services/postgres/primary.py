@@ -530,18 +530,22 @@ def _finish_change(
         plan.probe_again = 0.2
         return plan
     if chosen.standby:
-        if change.get("promoting") != target:
-            if failover and _detach(observed, plan, change, chosen):
-                return plan
-            # Recorded before it is asked: a promotion whose call failed, or whose answer was
-            # lost (a busy machine), is asked again of the same pod, never of another.
-            plan.failover = {**change, "promoting": target}
-            plan.probe_again = 0.05
+        if change.get("promoting") != target and failover and _detach(observed, plan, change, chosen):
             return plan
-        plan.actions.append(Promote(target))
-        plan.probe_again = 0.2
-        return plan
+        return _promote(plan, change, target)
     return _complete(observed, plan, change, primary, target)
+
+
+def _promote(plan: PrimaryPlan, change: dict[str, Any], pod: str) -> PrimaryPlan:
+    """Recorded before it is asked: a promotion whose call failed, or whose answer was lost (a
+    busy machine), is asked again of the same pod, never of another."""
+    if change.get("promoting") != pod:
+        plan.failover = {**change, "promoting": pod}
+        plan.probe_again = 0.05
+        return plan
+    plan.actions.append(Promote(pod))
+    plan.probe_again = 0.2
+    return plan
 
 
 def _fence_pending(
@@ -625,13 +629,7 @@ def _finish_restart(observed: PrimaryInput, plan: PrimaryPlan, change: dict[str,
     if member is not None and member.answers_as_primary:
         return _complete(observed, plan, change, primary, primary)
     if member is not None and member.standby and not member.terminating:
-        if change.get("promoting") != primary:
-            plan.failover = {**change, "promoting": primary}
-            plan.probe_again = 0.05
-            return plan
-        plan.actions.append(Promote(primary))
-        plan.probe_again = 0.2
-        return plan
+        return _promote(plan, change, primary)
     if member is not None and not _gone(member, observed.monotonic):
         plan.probe_again = 0.3  # one answer lost (a busy machine): asked again
         return plan
