@@ -16,6 +16,7 @@ from typing import Any
 from backup.storage import CREDENTIAL_KEYS, S3Spec
 from framework.kube.jobs import job_name
 from framework.kube.meta import LABEL_MANAGED_BY, LABEL_PART_OF, MANAGER, owner_reference
+from framework.kube.pod_security import restricted
 
 JOB_LABEL = "statefleet.dev/backup-job"
 DEFAULT_DEADLINE = 6 * 3600  # seconds
@@ -75,35 +76,37 @@ def build_job(
             "activeDeadlineSeconds": deadline_seconds,
             "template": {
                 "metadata": {"labels": labels},
-                "spec": {
-                    "restartPolicy": "Never",
-                    "enableServiceLinks": False,
-                    "securityContext": {"runAsUser": 999, "runAsGroup": 999, "runAsNonRoot": True},
-                    "containers": [
-                        {
-                            "name": action,
-                            "image": image,
-                            "imagePullPolicy": "IfNotPresent",
-                            "command": ["python3", "-m", "backup"],
-                            "env": [
-                                {"name": "STATEFLEET_BACKUP_REQUEST", "value": json.dumps(request)},
-                                *credentials,
-                                *service_env,
-                            ],
-                            "resources": {
-                                "requests": {"cpu": "100m", "memory": "128Mi"},
-                                # Streaming holds a few parts in memory whatever the data's size.
-                                "limits": {"memory": "512Mi"},
-                            },
-                            "terminationMessagePolicy": "FallbackToLogsOnError",
-                            "securityContext": {
-                                "allowPrivilegeEscalation": False,
-                                "readOnlyRootFilesystem": False,  # pg tools write temp files
-                                "capabilities": {"drop": ["ALL"]},
-                            },
-                        }
-                    ],
-                },
+                "spec": restricted(
+                    {
+                        "restartPolicy": "Never",
+                        "enableServiceLinks": False,
+                        "securityContext": {"runAsUser": 999, "runAsGroup": 999},
+                        "containers": [
+                            {
+                                "name": action,
+                                "image": image,
+                                "imagePullPolicy": "IfNotPresent",
+                                "command": ["python3", "-m", "backup"],
+                                "env": [
+                                    {"name": "STATEFLEET_BACKUP_REQUEST", "value": json.dumps(request)},
+                                    *credentials,
+                                    *service_env,
+                                ],
+                                "resources": {
+                                    "requests": {"cpu": "100m", "memory": "128Mi"},
+                                    # Streaming holds a few parts in memory whatever the data's size.
+                                    "limits": {"memory": "512Mi"},
+                                },
+                                "terminationMessagePolicy": "FallbackToLogsOnError",
+                                "securityContext": {"readOnlyRootFilesystem": True},
+                                "volumeMounts": [
+                                    {"name": "tmp", "mountPath": "/tmp"}
+                                ],  # the tools' temp files
+                            }
+                        ],
+                        "volumes": [{"name": "tmp", "emptyDir": {}}],
+                    }
+                ),
             },
         },
     }

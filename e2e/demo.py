@@ -48,7 +48,9 @@ def main() -> int:
     tool("kubectl", "-n", OPERATOR_NAMESPACE, "get", "deployment,pods")
 
     step("a developer applies examples/postgres-demo.yaml")
-    kube.apply(Namespace.from_dict({"metadata": {"name": APP_NAMESPACE}}))
+    # As a platform team's namespace would be: only pods that pass PodSecurity `restricted`.
+    restricted = {"pod-security.kubernetes.io/enforce": "restricted"}
+    kube.apply(Namespace.from_dict({"metadata": {"name": APP_NAMESPACE, "labels": restricted}}))
     tool("kubectl", "apply", "-f", str(REPO / "examples" / "postgres-demo.yaml"))
     started = time.monotonic()
 

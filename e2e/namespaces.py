@@ -17,6 +17,9 @@ from lightkube.resources.core_v1 import Namespace
 from e2e.kube import REPO, kubeconfig_path
 
 TEST_LABEL = {"statefleet.dev/test": "true"}
+# Every test namespace enforces PodSecurity `restricted`, as a platform team's would: every
+# scenario proves that each pod and Job the operator makes is admitted there.
+RESTRICTED = {"pod-security.kubernetes.io/enforce": "restricted"}
 
 # How long a deleted test namespace may take to go (its pods stopped, its finalizers run):
 # the same limit as when every test waited for its own.
@@ -72,6 +75,7 @@ def save_evidence(name: str) -> None:
 
     save("events.txt", "get", "events", "--sort-by=.lastTimestamp")
     save("pods.txt", "describe", "pods")
+    save("statefleet.yaml", "get", "statefleet", "-o", "yaml")
     try:
         pods = subprocess.run(
             [*base, "get", "pods", "-o", "jsonpath={range .items[*]}{.metadata.name}{'\\n'}{end}"],
@@ -127,10 +131,12 @@ class DeletedNamespaces:
                 time.sleep(1)
 
 
-def new_namespace(kube: Client, prefix: str, readable: str) -> str:
-    """`<prefix><readable>-<random>`, labelled as a test's."""
+def new_namespace(kube: Client, prefix: str, readable: str, restricted: bool = True) -> str:
+    """`<prefix><readable>-<random>`, labelled as a test's, enforcing PodSecurity `restricted`
+    unless told otherwise (the test bed's own proofs run plain images as root)."""
     readable = re.sub(r"[^a-z0-9]+", "-", readable.lower())[:40].strip("-")
     name = f"{prefix}{readable}-{uuid.uuid4().hex[:5]}"
-    kube.create(Namespace(metadata=ObjectMeta(name=name, labels=TEST_LABEL)))
+    labels = {**TEST_LABEL, **(RESTRICTED if restricted else {})}
+    kube.create(Namespace(metadata=ObjectMeta(name=name, labels=labels)))
     FAILURES_AT[name] = len(FAILURES)
     return name

@@ -21,9 +21,10 @@ from typing import Any
 import psycopg
 import pytest
 from lightkube import Client
+from lightkube.models.core_v1 import ResourceQuotaSpec, ResourceQuotaStatus
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.batch_v1 import Job
-from lightkube.resources.core_v1 import Event, Pod, Secret, Service
+from lightkube.resources.core_v1 import Event, Pod, ResourceQuota, Secret, Service
 from lightkube.types import CascadeType, PatchType
 
 from backup.plan import BackupPlanKind
@@ -402,6 +403,27 @@ def test_storage_faults_fail_with_a_clear_reason_and_leave_nothing(
     assert unsupported["reason"] == "UnsupportedMethod"
     assert "spec.method" in unsupported["message"]
     assert s3_api(s3_settings()).list_objects_v2(Bucket=bucket).get("KeyCount", 0) == 0
+
+    # A Job whose pod the API refuses (a quota here, PodSecurity or another admission plugin
+    # alike) fails its Backup within a minute in the API's own words, and is suspended: a pod
+    # admitted later (the quota raised) never runs a backup that has failed.
+    storage(kube, namespace, "s3", bucket)
+    one_pod = ResourceQuota(metadata=ObjectMeta(name="one-pod"), spec=ResourceQuotaSpec(hard={"pods": "1"}))
+    kube.create(one_pod, namespace=namespace)
+    wait_until(  # admission refuses everything while a quota's use is not counted yet
+        "the quota counted",
+        lambda: (
+            (kube.get(ResourceQuota, "one-pod", namespace=namespace).status or ResourceQuotaStatus()).used
+        ),
+        timeout=30,
+    )
+    apply(kube, Backup, namespace, "refused", {"service": service, "storage": "s3", "method": "logical"})
+    refused = wait_phase(kube, Backup, namespace, "refused", "Failed", timeout=60)
+    assert refused["reason"] == "PodRefused", refused
+    assert refused["message"].startswith("its pod could not be created: "), refused["message"]
+    assert "exceeded quota: one-pod" in refused["message"], refused["message"]
+    assert kube.get(Job, "refused-backup", namespace=namespace).spec.suspend is True
+    kube.delete(ResourceQuota, "one-pod", namespace=namespace)
 
     # A plan whose backups fail retries them with backoff, between its scheduled runs.
     plan = {"service": service, "storage": "wrongkeys", "schedule": "*/2 * * * *", "method": "logical"}

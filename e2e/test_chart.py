@@ -18,7 +18,7 @@ from lightkube.resources.core_v1 import Namespace, Pod
 
 from e2e import node
 from e2e.kube import REPO, get_or_none, kubeconfig_path, kubectl, operator_image, wait_until
-from e2e.namespaces import TEST_LABEL, DeletedNamespaces
+from e2e.namespaces import RESTRICTED, TEST_LABEL, DeletedNamespaces
 from e2e.test_backup import Backup, BackupPlan, Restore, plan_backups, storage, verified
 from e2e.test_postgres import Postgres, create, wait_ready
 
@@ -45,7 +45,7 @@ def install(namespace: str) -> None:
 def chart_namespace(kube: Client, deleted_namespaces: DeletedNamespaces) -> Iterator[str]:
     # Not t<N>-*: the operators the other tests run on the host must not see this namespace.
     name = f"chart-{uuid.uuid4().hex[:6]}"
-    kube.create(Namespace(metadata=ObjectMeta(name=name, labels=TEST_LABEL)))
+    kube.create(Namespace(metadata=ObjectMeta(name=name, labels={**TEST_LABEL, **RESTRICTED})))
     yield name
     # Backups and Restores carry the operator's finalizer: remove them while it still runs.
     for kind in (BackupPlan, Backup, Restore):

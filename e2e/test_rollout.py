@@ -49,10 +49,21 @@ def pod_spec(version: str, crash: bool = False, kwok: bool = False) -> dict[str,
         "image": PAUSE_IMAGE,
         "imagePullPolicy": "IfNotPresent",
         "env": [{"name": "VERSION", "value": version}],
+        # As a user's pod in a namespace that enforces PodSecurity `restricted` must be.
+        "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
     }
     if crash and not kwok:
         container["command"] = ["/no-such-binary"]
-    return {"terminationGracePeriodSeconds": 1, "containers": [container], **(ON_KWOK if kwok else {})}
+    return {
+        "terminationGracePeriodSeconds": 1,
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": 65535,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "containers": [container],
+        **(ON_KWOK if kwok else {}),
+    }
 
 
 def rollout(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import secrets
 import time
+from collections.abc import Iterator
 
 import psycopg
 import pytest
@@ -14,8 +15,19 @@ from lightkube.resources.core_v1 import Node, PersistentVolumeClaim, Pod
 
 from e2e import manifests
 from e2e.kube import get_or_none, pod_is_ready, pod_logs, wait_pod_finished, wait_pod_ready, wait_until
+from e2e.namespaces import DeletedNamespaces, namespace_prefix, new_namespace
 
 pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture
+def namespace(
+    kube: Client, deleted_namespaces: DeletedNamespaces, request: pytest.FixtureRequest
+) -> Iterator[str]:
+    """Not `restricted`: these proofs of the test bed run plain images as root."""
+    name = new_namespace(kube, namespace_prefix(), request.node.name, restricted=False)
+    yield name
+    deleted_namespaces.delete(name)
 
 
 def apply(kube: Client, manifest: dict, namespace: str) -> None:

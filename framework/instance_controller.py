@@ -28,7 +28,7 @@ from framework.catalog import Catalog
 from framework.certificates import CERT_MANAGER, choose_tls_provider
 from framework.instance_plan import Plan, plan
 from framework.kube import metrics
-from framework.kube.api import EventNote, about, get_or_none, not_found, post_event
+from framework.kube.api import EventNote, about, get_or_none, not_found, pods_refused, post_event
 from framework.kube.meta import GROUP, LABEL_INSTANCE, LABEL_MANAGED_BY, LABEL_NAME, MANAGER, VERSION
 from framework.kube.queue import WorkQueue
 from framework.kube.runtime import StaleStatus, StatusWriter, resync_forever
@@ -133,6 +133,12 @@ class InstanceController:
             if server != {} and choose_tls_provider(tls_status, server, cert_manager) == CERT_MANAGER:
                 certificate = await get_or_none(self.client, Certificate, f"{name}-{TLS_SERVER}", namespace)
                 ca_certificate = await get_or_none(self.client, Certificate, f"{name}-{TLS_CA}", namespace)
+        refused = None
+        if statefulset and len(pods) < ((statefulset.get("spec") or {}).get("replicas") or 0):
+            # Asked only while pods are missing: the StatefulSet controller says why in Events.
+            newest = max((p["metadata"].get("creationTimestamp") or "" for p in pods), default="")
+            sts = statefulset["metadata"]["name"]
+            refused = await pods_refused(self.client, namespace, "StatefulSet", sts, newest or None)
         references = {
             key: await get_or_none(self.client, reference.resource, reference.name, namespace)
             for key, reference in plugin.references(dict(body.get("spec") or {})).items()
@@ -153,6 +159,7 @@ class InstanceController:
             certificate=certificate,
             ca_certificate=ca_certificate,
             references=references,
+            pods_refused=refused,
         )
 
     # --- act --------------------------------------------------------------------------------

@@ -30,6 +30,7 @@ from framework.kube.api import EventNote
 from framework.kube.conditions import Condition
 from framework.kube.meta import LABEL_INSTANCE, LABEL_NAME, content_hash, decorate, owner_reference
 from framework.kube.model import describe_validation_error
+from framework.kube.pod_security import restricted_workload
 from framework.kube.pods import has_run
 from framework.kube.secrets import decoded
 from framework.kube.status import without_kopf
@@ -157,7 +158,9 @@ def plan(
         return _invalid(
             observed, RENDER_FAILED, f"the templates could not render this spec: {error}", operations
         )
-    children = [decorate(child, labels, owner, observed.namespace) for child in rendered_children]
+    children = [
+        decorate(restricted_workload(child), labels, owner, observed.namespace) for child in rendered_children
+    ]
 
     observed = decided(observed, operations)  # what the plugin decided (a new primary) is true now
     reading = service.reading
@@ -308,6 +311,20 @@ def plan_cert_manager_tls(
     return result
 
 
+PODS_NOT_CREATED = "PodsNotCreated"
+
+
+def degraded(observed: Observed, reading: ServiceStatus) -> Condition:
+    """Degraded: pods the API refuses to create (admission, a quota) first, since nothing the
+    operator does can start them; then fewer healthy instances than asked for."""
+    if observed.pods_refused:
+        message = f"the instance's pods cannot be created: {observed.pods_refused}"
+        return Condition(conditions.DEGRADED, True, PODS_NOT_CREATED, message)
+    if reading.degraded:
+        return Condition(conditions.DEGRADED, True, "InstancesNotReady", reading.message)
+    return Condition(conditions.DEGRADED, False, "AsExpected", "")
+
+
 def _status(observed: Observed, version: ResolvedVersion, reading: ServiceStatus) -> dict[str, Any]:
     progressing = not reading.ready
     updates = [
@@ -318,12 +335,7 @@ def _status(observed: Observed, version: ResolvedVersion, reading: ServiceStatus
             "Reconciling" if progressing else "Reconciled",
             reading.message if progressing else "",
         ),
-        Condition(
-            conditions.DEGRADED,
-            reading.degraded,
-            "InstancesNotReady" if reading.degraded else "AsExpected",
-            reading.message if reading.degraded else "",
-        ),
+        degraded(observed, reading),
         *reading.conditions,
     ]
     status = {
@@ -352,6 +364,12 @@ def _transition_events(
     was_ready = bool(previous and previous.get("status") == "True")
     if reading.ready and not was_ready:
         events.append(EventNote("Normal", "Ready", reading.message))
+    now_degraded = degraded(observed, reading)
+    before = conditions.find(observed.status.get("conditions"), conditions.DEGRADED) or {}
+    if now_degraded.reason == PODS_NOT_CREATED and (
+        before.get("reason") != PODS_NOT_CREATED or before.get("message") != now_degraded.message
+    ):
+        events.append(EventNote("Warning", PODS_NOT_CREATED, now_degraded.message))
     if not reading.ready and was_ready:
         events.append(EventNote("Warning", "NotReady", reading.message))
     for condition in reading.conditions:

@@ -114,6 +114,8 @@ class Observed:
     ca_certificate: dict[str, Any] | None = None  # and the CA's
     # The objects the spec names (`ServicePlugin.references`), by key; None: it does not exist.
     references: dict[str, dict[str, Any] | None] = field(default_factory=dict)
+    # Why the API refuses the StatefulSet's missing pods (admission, a quota), when it does.
+    pods_refused: str | None = None
 
 
 @dataclass(frozen=True)

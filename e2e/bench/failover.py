@@ -32,6 +32,7 @@ from lightkube.resources.core_v1 import Namespace, Pod
 
 from e2e import node
 from e2e.kube import client, delete_namespace, wait_until
+from e2e.namespaces import save_evidence
 from e2e.operator_process import OperatorProcess
 from e2e.test_chart import helm, holder_pod, install, operator_pods, ready_replicas
 from e2e.test_postgres import Postgres, connect, create, patch_spec
@@ -168,6 +169,9 @@ def operator_loss(kube: Client, runs: int) -> None:
                     print(f"    kill -9 of the primary's server {label}: writes back after {pauses[0]:.1f} s")
                     total = results[label]
                     results[label] = [total[0] + pauses, total[1] + lost, total[2] + late, total[3] + moved]
+        except BaseException:
+            save_evidence(namespace)  # the namespace goes below: keep what shows why
+            raise
         finally:
             writer.stop()
         for label, (pauses, lost, late, moved) in results.items():

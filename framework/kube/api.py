@@ -93,3 +93,40 @@ async def post_event(client: AsyncClient, kind: str, body: dict[str, Any], note:
         # A namespace being deleted takes no new objects: nobody would read the Event anyway.
         if error.status.code != 403 or "being terminated" not in (error.status.message or ""):
             raise
+
+
+def _moment(text: str | None) -> datetime | None:
+    """An Event's time: seconds (lastTimestamp) or microseconds (eventTime) in RFC 3339."""
+    return datetime.fromisoformat(text.replace("Z", "+00:00")) if text else None
+
+
+def refusal(events: list[dict[str, Any]], since: str | None) -> str | None:
+    """Pure: the message of the newest FailedCreate Event among `events` (a controller's, about
+    the pods it could not create) seen after `since` (when its newest pod was made; None: it
+    has none), or None."""
+    after = _moment(since)
+    newest: tuple[datetime, str] | None = None
+    for event in events:
+        if event.get("reason") != "FailedCreate":
+            continue
+        seen = _moment(
+            (event.get("series") or {}).get("lastObservedTime")
+            or event.get("lastTimestamp")
+            or event.get("eventTime")
+            or event.get("firstTimestamp")
+        )
+        if seen is None or (after is not None and seen < after):
+            continue
+        if newest is None or seen >= newest[0]:
+            newest = (seen, event.get("message") or "")
+    return newest[1] if newest else None
+
+
+async def pods_refused(
+    client: AsyncClient, namespace: str, kind: str, name: str, since: str | None
+) -> str | None:
+    """Why the API refuses to create the pods of a StatefulSet or Job (admission, a quota), as
+    its controller's newest FailedCreate Event after `since` says; None when nothing does."""
+    fields = {"involvedObject.kind": kind, "involvedObject.name": name, "reason": "FailedCreate"}
+    events = [event.to_dict() async for event in client.list(Event, namespace=namespace, fields=fields)]
+    return refusal(events, since)

@@ -13,9 +13,10 @@ from lightkube.core.exceptions import ApiError
 from lightkube.resources.batch_v1 import Job
 from lightkube.resources.core_v1 import Pod
 
-from framework.kube.api import get_or_none
+from framework.kube.api import get_or_none, pods_refused
 
 RUNNING, SUCCEEDED, FAILED = "Running", "Succeeded", "Failed"
+POD_REFUSED = "PodRefused"  # the API refused the Job's pod (admission, a quota)
 
 
 def job_name(owner: str, action: str) -> str:
@@ -67,8 +68,10 @@ def termination(pod: dict[str, Any] | None) -> tuple[dict[str, Any] | None, str]
     return None, ""
 
 
-def job_state(job: dict[str, Any], pod: dict[str, Any] | None) -> JobState:
-    """Pure: where a backup Job stands, from the Job and its pod (None when gone or not yet seen)."""
+def job_state(job: dict[str, Any], pod: dict[str, Any] | None, refused: str | None = None) -> JobState:
+    """Pure: where a backup Job stands, from the Job, its pod (None when gone or not yet seen)
+    and why the API refused to create that pod, if it did (admission, a quota): such a Job
+    has failed, though its controller would try again for as long as its deadline allows."""
     job_conditions = {c.get("type"): c for c in (job.get("status") or {}).get("conditions") or []}
     report, how = termination(pod)
     if "Complete" in job_conditions or (job.get("status") or {}).get("succeeded"):
@@ -88,6 +91,8 @@ def job_state(job: dict[str, Any], pod: dict[str, Any] | None) -> JobState:
             return JobState(FAILED, reason="DeadlineExceeded", message="the job ran past its deadline")
         detail = f"its container ended: {how}" if how else "its pod was killed or deleted"
         return JobState(FAILED, reason="JobFailed", message=f"the job failed without a report, {detail}")
+    if pod is None and refused:
+        return JobState(FAILED, reason=POD_REFUSED, message=f"its pod could not be created: {refused}")
     return JobState(RUNNING)
 
 
@@ -112,7 +117,13 @@ async def read_job(
         return None, JobState(RUNNING), None
     pods = [p.to_dict() async for p in client.list(Pod, namespace=namespace, labels={"job-name": name})]
     pod = max(pods, key=lambda p: p["metadata"].get("creationTimestamp") or "", default=None)
-    state = job_state(job, pod)
+    refused = None
+    if pod is None and not (job.get("status") or {}).get("conditions"):
+        refused = await pods_refused(client, namespace, "Job", name, since=None)
+    state = job_state(job, pod, refused)
+    if state.reason == POD_REFUSED and not (job.get("spec") or {}).get("suspend"):
+        # Failed for its owner: a pod admitted later (the quota raised) must not run its work.
+        await client.patch(Job, name, {"spec": {"suspend": True}}, namespace=namespace)
     progress = None
     if state.phase == RUNNING and pod and (pod.get("status") or {}).get("phase") == "Running":
         try:

@@ -21,6 +21,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
+from framework.kube.pod_security import restricted
 from services.rabbitmq.cluster import pod_of
 
 # `status.scaleDown.phase`
@@ -366,35 +367,40 @@ def build_cli_job(
             "activeDeadlineSeconds": 1800,
             "template": {
                 "metadata": {"labels": {k: v for k, v in labels.items() if k != "app.kubernetes.io/name"}},
-                "spec": {
-                    "restartPolicy": "Never",
-                    "enableServiceLinks": False,
-                    "hostname": "scale-down",
-                    "subdomain": f"{instance}-nodes",
-                    "securityContext": {"runAsUser": 999, "runAsGroup": 999, "runAsNonRoot": True},
-                    "containers": [
-                        {
-                            "name": "cli",
-                            "image": image,
-                            "imagePullPolicy": "IfNotPresent",
-                            "command": ["bash", "-c", script],
-                            "env": [
-                                {"name": "HOME", "value": "/tmp"},
-                                {"name": "RABBITMQ_USE_LONGNAME", "value": "true"},
-                                {
-                                    "name": "RABBITMQ_ERLANG_COOKIE",
-                                    "valueFrom": {"secretKeyRef": {"name": cookie_secret, "key": "cookie"}},
-                                },
-                            ],
-                            "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}},
-                            "terminationMessagePolicy": "FallbackToLogsOnError",
-                            "securityContext": {
-                                "allowPrivilegeEscalation": False,
-                                "capabilities": {"drop": ["ALL"]},
-                            },
-                        }
-                    ],
-                },
+                "spec": restricted(
+                    {
+                        "restartPolicy": "Never",
+                        "enableServiceLinks": False,
+                        "hostname": "scale-down",
+                        "subdomain": f"{instance}-nodes",
+                        "securityContext": {"runAsUser": 999, "runAsGroup": 999},
+                        "containers": [
+                            {
+                                "name": "cli",
+                                "image": image,
+                                "imagePullPolicy": "IfNotPresent",
+                                "command": ["bash", "-c", script],
+                                "env": [
+                                    {"name": "HOME", "value": "/tmp"},
+                                    {"name": "RABBITMQ_USE_LONGNAME", "value": "true"},
+                                    {
+                                        "name": "RABBITMQ_ERLANG_COOKIE",
+                                        "valueFrom": {
+                                            "secretKeyRef": {"name": cookie_secret, "key": "cookie"}
+                                        },
+                                    },
+                                ],
+                                "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}},
+                                "terminationMessagePolicy": "FallbackToLogsOnError",
+                                "securityContext": {"readOnlyRootFilesystem": True},
+                                "volumeMounts": [
+                                    {"name": "tmp", "mountPath": "/tmp"}
+                                ],  # HOME: the CLI's files
+                            }
+                        ],
+                        "volumes": [{"name": "tmp", "emptyDir": {}}],
+                    }
+                ),
             },
         },
     }

@@ -401,7 +401,8 @@ def test_an_instance_made_from_a_backup_fetches_it_before_its_server_starts() ->
         "name": "demo-bootstrap",
         "key": "request",
     }
-    assert {m["mountPath"] for m in init["volumeMounts"]} == {"/var/lib/postgresql/data", "/etc/statefleet"}
+    mounts = {m["mountPath"] for m in init["volumeMounts"]}
+    assert mounts == {"/var/lib/postgresql/data", "/etc/statefleet", "/tmp"}
     # An operator upgrade (another image of its own) leaves the instance's pods as they are.
     upgraded = plan(
         PLUGIN, observed(spec, status=planned.status), CATALOG, "uid-1", tools_image="statefleet/operator:def"
