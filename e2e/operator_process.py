@@ -18,9 +18,13 @@ from pathlib import Path
 
 from e2e.catalog import e2e_catalog
 from e2e.kube import REPO, kubeconfig_path, operator_image, wait_until
+from framework.rollout.outbound import IN_CLUSTER
 from statefleet import cli
 
 LIVENESS_PORT = 18080
+# Where the tests' rollouts may send requests: in-cluster Services, and the receivers the tests
+# run on this host (e2e/receiver.py).
+TEST_DESTINATIONS = (*IN_CLUSTER, "127.0.0.1")
 METRICS_PORT = 19090
 
 
@@ -84,6 +88,7 @@ class OperatorProcess:
                     self.namespaces,
                     "--job-image",
                     ":".join(operator_image()),
+                    *(f"--allowed-destination={host}" for host in TEST_DESTINATIONS),
                 ],
                 cwd=REPO,
                 env=env,
@@ -174,6 +179,7 @@ class InProcessOperator:
             job_image=":".join(operator_image()),
             liveness=None,
             leader_election=False,
+            allowed_destination=list(TEST_DESTINATIONS),
         )
         self.log_path = REPO / ".testbed" / "logs" / log_name
         self.stop_flag = threading.Event()

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 from lightkube import Client
+from lightkube.core.exceptions import ApiError
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.apps_v1 import Deployment
 from lightkube.resources.coordination_v1 import Lease
@@ -21,6 +22,8 @@ from e2e.kube import REPO, get_or_none, kubeconfig_path, kubectl, operator_image
 from e2e.namespaces import RESTRICTED, TEST_LABEL, DeletedNamespaces
 from e2e.test_backup import Backup, BackupPlan, Restore, plan_backups, storage, verified
 from e2e.test_postgres import Postgres, create, wait_ready
+from e2e.test_rollout import rollout
+from framework.rollout.controller import Rollout
 
 pytestmark = pytest.mark.e2e
 
@@ -67,6 +70,33 @@ def test_chart_installs_an_operator_that_serves_postgres(
     kube: Client, bucket: str, chart_namespace: str
 ) -> None:
     install(chart_namespace)
+    # Least privilege: the release watches its own namespace only, so its rights on Secrets,
+    # StatefulSets and Jobs hold there alone; cluster-wide it reads CRDs and namespaces.
+    account = f"system:serviceaccount:{chart_namespace}:{chart_namespace}-operator"
+    for verb, resource, where, allowed in (
+        ("create", "statefulsets", chart_namespace, True),
+        ("get", "secrets", chart_namespace, True),
+        ("create", "jobs", chart_namespace, True),
+        ("list", "secrets", chart_namespace, False),  # never listed, read by name
+        ("get", "secrets", "kube-system", False),
+        ("create", "statefulsets", "default", False),
+        ("create", "jobs", "default", False),
+        ("delete", "pods", "default", False),
+        ("watch", "customresourcedefinitions", "", True),
+        ("list", "namespaces", "", True),
+        ("delete", "namespaces", "", False),
+    ):
+        scope = where or "the cluster"
+        assert can_i(account, verb, resource, where) is allowed, f"{verb} {resource} in {scope}"
+    # Outbound requests bounded: a rollout that would make the operator call a host outside
+    # the allow-list (the default: in-cluster Services) is refused at admission, naming the field.
+    probing = rollout("1", [{"setPercent": 50}, {"analysis": {"http": {"url": "http://169.254.169.254/"}}}])
+    with pytest.raises(ApiError) as refused:
+        kube.create(Rollout.from_dict(probing), namespace=chart_namespace)
+    assert refused.value.status.code == 403
+    assert "spec.strategy.steps[].analysis.http.url: the host is not an allowed destination" in (
+        refused.value.status.message
+    )
     deployment = kube.get(Deployment, f"{chart_namespace}-operator", namespace=chart_namespace)
     assert deployment.status.readyReplicas == 2  # the leader and a standby, both ready
     leader = wait_until("a leader", lambda: lease_holder(kube, chart_namespace), timeout=30)
@@ -109,6 +139,17 @@ def test_chart_installs_an_operator_that_serves_postgres(
     logs = "\n".join(line for pod in pods for line in kube.log(pod.metadata.name, namespace=chart_namespace))
     assert "Forbidden" not in logs
     assert '"status": 403' not in logs
+
+
+def can_i(account: str, verb: str, resource: str, namespace: str) -> bool:
+    """`kubectl auth can-i` as `account` (in `namespace`; "": cluster-scoped)."""
+    scope = ["--namespace", namespace] if namespace else []
+    command = [str(REPO / ".testbed" / "bin" / "kubectl"), "--kubeconfig", str(kubeconfig_path()), "auth"]
+    asked = [*command, "can-i", verb, resource, f"--as={account}", *scope]
+    done = subprocess.run(asked, capture_output=True, text=True, timeout=30)
+    answer = done.stdout.strip()
+    assert answer in ("yes", "no"), done.stdout + done.stderr
+    return answer == "yes"
 
 
 def ready_replicas(kube: Client, namespace: str) -> int:

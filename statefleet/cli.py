@@ -37,6 +37,7 @@ from framework.kube.meta import MANAGER
 from framework.object_controller import ObjectController
 from framework.rollout import commands as rollout_commands
 from framework.rollout.controller import RolloutController
+from framework.rollout.outbound import IN_CLUSTER
 from statefleet.generate import render_crds
 from statefleet.plugins import in_process_hooks, load_catalog, load_plugins, object_kinds, watched_kinds
 
@@ -97,7 +98,7 @@ async def run_operator(
     if args.install_crds:
         await install_crds(client)
     plugins = load_plugins()
-    rollouts = RolloutController(client, in_process_hooks(plugins))
+    rollouts = RolloutController(client, in_process_hooks(plugins), args.allowed_destination or IN_CLUSTER)
     rollouts.register()
     catalog = load_catalog(plugins, Path(args.catalog) if args.catalog else None)
     instances = InstanceController(client, catalog, plugins, rollouts, args.job_image)
@@ -173,6 +174,13 @@ def main(argv: list[str] | None = None) -> int:
         "--job-image",
         default=os.environ.get("STATEFLEET_JOB_IMAGE", ""),
         help="the image of backup and restore Jobs: the operator's own",
+    )
+    operator.add_argument(
+        "--allowed-destination",
+        action="append",
+        default=[],
+        help="a host (shell glob) that rollouts' analyses, hooks and notifications may reach; "
+        f"repeat for more (default: in-cluster Services, {' '.join(IN_CLUSTER)}; * for anywhere)",
     )
     operator.add_argument("--install-crds", action="store_true", help="apply the CRDs first (development)")
     operator.add_argument(

@@ -150,12 +150,18 @@ def operator_loss(kube: Client, runs: int) -> None:
         writer = Writer(kube, namespace)
         writer.start()
 
+        # A killed operator comes back after the kubelet's crash back-off, which doubles with
+        # each kill of the same pod up to 5 min: every disruption waits for both, so that one
+        # stands by to take over.
+        def both_ready() -> None:
+            wait_until("both operators ready", lambda: ready_replicas(kube, namespace) == 2, 330)
+
         def kill_server() -> None:
-            wait_until("both operators ready", lambda: ready_replicas(kube, namespace) == 2, 120)
+            both_ready()
             node.kill_server(primary_pod(kube, namespace).metadata.uid)
 
         def kill_both() -> None:
-            wait_until("both operators ready", lambda: ready_replicas(kube, namespace) == 2, 120)
+            both_ready()
             leader = operator_pods(kube, namespace)[holder_pod(kube, namespace) or ""].metadata.uid
             server = primary_pod(kube, namespace).metadata.uid
             node.kill_command(leader, ["python3", "-m", "statefleet"])

@@ -55,3 +55,20 @@ def has_run(pod: dict[str, Any]) -> bool:
     mounted files then. A pod still being created reads them as they are when it starts."""
     statuses = (pod.get("status") or {}).get("containerStatuses") or []
     return any({"running", "terminated"} & set(s.get("state") or {}) or s.get("lastState") for s in statuses)
+
+
+def waiting_out_backoff(pod: dict[str, Any], container: str, ran_for: float = 30.0) -> bool:
+    """Whether `container` waits out the kubelet's crash back-off (10 s, doubling to 5 min,
+    reset only after 10 min of running) after a run of at least `ran_for` seconds: a server
+    that served, then was killed (kill -9, the OOM killer), not one that fails at its start.
+    A new pod starts without the back-off."""
+    for status in (pod.get("status") or {}).get("containerStatuses") or []:
+        if status.get("name") != container:
+            continue
+        waiting = (status.get("state") or {}).get("waiting") or {}
+        if waiting.get("reason") != "CrashLoopBackOff":
+            return False
+        last = (status.get("lastState") or {}).get("terminated") or {}
+        started, finished = parse_time(last.get("startedAt")), parse_time(last.get("finishedAt"))
+        return bool(started and finished and (finished - started).total_seconds() >= ran_for)
+    return False

@@ -78,6 +78,16 @@ def watched(namespace: str, patterns: Iterable[str]) -> bool:
     return not patterns or any(fnmatch.fnmatchcase(namespace, pattern) for pattern in patterns)
 
 
+def listed_namespaces(patterns: Iterable[str]) -> list[str]:
+    """Where to list what an operator told to watch `patterns` watches: each namespace when
+    every pattern names one (an operator granted namespaced Roles only may list nothing
+    cluster-wide), else the whole cluster (`*`), filtered afterwards with `watched`."""
+    patterns = list(patterns)
+    if patterns and not any(char in pattern for pattern in patterns for char in "*?[!"):
+        return patterns
+    return ["*"]
+
+
 async def resync_forever(
     client: AsyncClient,
     resources: dict[str, Any],
@@ -95,11 +105,12 @@ async def resync_forever(
         if not ready():
             continue
         for what, resource in resources.items():
-            try:
-                async for item in client.list(resource, namespace="*"):
-                    if watched(item.metadata.namespace, namespaces):
-                        result = again(what, item.metadata.namespace, item.metadata.name)
-                        if result is not None:
-                            await result
-            except Exception:
-                log.exception("resync of %s failed; next in %ss", what, interval)
+            for listed in listed_namespaces(namespaces):
+                try:
+                    async for item in client.list(resource, namespace=listed):
+                        if watched(item.metadata.namespace, namespaces):
+                            result = again(what, item.metadata.namespace, item.metadata.name)
+                            if result is not None:
+                                await result
+                except Exception:
+                    log.exception("resync of %s in %s failed; next in %ss", what, listed, interval)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import base64
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -31,7 +31,7 @@ from framework.kube.meta import GROUP, MANAGER, VERSION
 from framework.kube.queue import WorkQueue
 from framework.kube.runtime import StatusWriter
 from framework.kube.times import format_time
-from framework.rollout import analysis, hooks, notify
+from framework.rollout import analysis, hooks, notify, outbound
 from framework.rollout.plan import (
     HOOKED_ANNOTATION,
     POLL,
@@ -117,15 +117,19 @@ def revision_template(revision: dict[str, Any]) -> dict[str, Any]:
 
 class RolloutController:
     def __init__(
-        self, client: AsyncClient, in_process_hooks: Mapping[str, hooks.InProcess] | None = None
+        self,
+        client: AsyncClient,
+        in_process_hooks: Mapping[str, hooks.InProcess] | None = None,
+        destinations: Sequence[str] = outbound.IN_CLUSTER,
     ) -> None:
         self.client = client
+        self.destinations = tuple(destinations)  # where analysis, hooks and notifications may go
         self.in_process_hooks = dict(in_process_hooks or {})  # by name: the plugins' hooks
         self.queue = WorkQueue(self._reconcile_once, self._describe)
         self._pods: Mapping[Key, Any] = {}
         self._statefulsets: Mapping[Key, Any] = {}
         self.status = StatusWriter[Key](client)
-        self.sender = notify.Sender()
+        self.sender = notify.Sender(self.destinations)
 
     def register(self) -> None:
         kopf.index("", "v1", "pods", labels={ROLLOUT_LABEL: kopf.PRESENT}, id=PODS_INDEX)(index_pod)
@@ -197,6 +201,7 @@ class RolloutController:
                 pods=pods,
                 now=datetime.now(UTC),
                 labels=body["metadata"].get("labels") or {},
+                allowed_destinations=self.destinations,
             )
             check = analysis.due(observed.spec, status, observed.now)
             if check is not None:

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-import httpx2
-
 from framework.kube.api import EventNote
+from framework.rollout.outbound import IN_CLUSTER, DestinationRefused, guarded_client
 
 log = logging.getLogger("statefleet")
 
@@ -124,11 +124,11 @@ def webhook_payload(notice: Notice) -> dict[str, Any]:
 class Sender:
     """One background queue per destination URL, drained at most once a second."""
 
-    def __init__(self, per_second: float = PER_SECOND) -> None:
+    def __init__(self, destinations: Sequence[str] = IN_CLUSTER, per_second: float = PER_SECOND) -> None:
         self._interval = 1.0 / per_second
         self._queues: dict[str, asyncio.Queue[dict[str, Any]]] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
-        self.http = httpx2.AsyncClient(timeout=10)  # shared with the hooks
+        self.http = guarded_client(destinations, timeout=10)  # shared with the hooks and analyses
 
     def send(self, url: str, payload: dict[str, Any]) -> None:
         if url not in self._queues:
@@ -143,6 +143,9 @@ class Sender:
                 try:
                     response = await self.http.post(url, json=payload)
                     response.raise_for_status()
+                    break
+                except DestinationRefused as error:  # a URL from a Secret: no retry will change it
+                    log.warning("notification to %s refused: %s", redact(url), error)
                     break
                 except Exception as error:  # a notification must never stop a rollout
                     log.warning("notification to %s failed (attempt %d): %s", redact(url), attempt, error)

@@ -30,6 +30,7 @@ from framework.kube.meta import API_VERSION, LABEL_MANAGED_BY, MANAGER, content_
 from framework.kube.model import describe_validation_error
 from framework.kube.times import format_time, parse_time
 from framework.rollout import analysis
+from framework.rollout.outbound import refused_destinations
 from framework.rollout.spec import KIND, OnFailure, RolloutPhase, RolloutSpec, Step, parse_duration
 
 ROLLOUT_LABEL = "statefleet.dev/rollout"
@@ -115,6 +116,7 @@ class RolloutObserved:
     stable_template: dict[str, Any] | None = None  # the pod template of status.stableRevision
     labels: dict[str, str] = field(default_factory=dict)  # the rollout's, passed on to the StatefulSet
     disruptions_allowed: int | None = None  # the tightest PodDisruptionBudget over the pods
+    allowed_destinations: tuple[str, ...] = ("*",)  # hosts analysis, hooks, notifications may reach
 
 
 @dataclass
@@ -268,6 +270,9 @@ def plan_rollout(observed: RolloutObserved) -> RolloutPlan:
         spec = RolloutSpec.model_validate(observed.spec)
     except ValidationError as error:
         return _invalid(observed, describe_validation_error(error))
+    refused = refused_destinations(observed.spec, observed.allowed_destinations)
+    if refused:
+        return _invalid(observed, "; ".join(refused))
     run = _Pass(observed, spec)
     template = pod_template(observed, spec)
     wanted = template_hash(template)

@@ -18,7 +18,7 @@ from lightkube.resources.discovery_v1 import EndpointSlice
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from framework.kube.pods import pod_ready, unready_since
+from framework.kube.pods import pod_ready, unready_since, waiting_out_backoff
 from framework.kube.secrets import SecretValues
 from framework.kube.times import parse_time
 from framework.plugin import Observed
@@ -217,6 +217,7 @@ def members_of(observed: Observed, answers: Answers[Facts], probed_at: float) ->
             grace_ends=parsed.timestamp() if deleted_at and (parsed := parse_time(deleted_at)) else None,
             unready_since=since.timestamp() if (since := parse_time(unready_since(pod))) else None,
             server_life=server_life(pod),
+            backing_off=waiting_out_backoff(pod, SERVER_CONTAINER),
         )
     return members
 

@@ -70,6 +70,8 @@ class Member:
     # "<pod uid>/<restarts>" of its server's container while that runs, None while it does not:
     # a fenced server is stopped once this changed.
     server_life: str | None = None
+    # its server's container waits out the kubelet's crash back-off after serving a while
+    backing_off: bool = False
 
     @property
     def answers_as_primary(self) -> bool:
@@ -331,7 +333,19 @@ def _keep_healthy(observed: PrimaryInput, plan: PrimaryPlan, current: Member) ->
     for member in observed.members.values():
         if member.pod == primary or member.terminating:
             continue
-        if member.answers_as_primary:
+        if member.backing_off:
+            # Killed again and again (the kubelet's back-off grows to 5 min): a new pod starts
+            # at once, as a standby of the primary.
+            plan.actions.append(RestartPod(member.pod, "its server waits out the kubelet's back-off"))
+            plan.events.append(
+                (
+                    "Warning",
+                    "BackOffSkipped",
+                    f"{member.pod}'s server was killed after it had run, and the kubelet holds its "
+                    "restart back: its pod is made again, to start now",
+                )
+            )
+        elif member.answers_as_primary:
             plan.actions.append(RestartPod(member.pod, f"it answers as a primary beside {primary}"))
             plan.events.append(
                 (

@@ -389,6 +389,37 @@ def test_a_standby_that_stopped_following_is_restarted_to_rejoin() -> None:
     assert plan_primary(observe(member("demo-0", primary()), recent)).actions == []
 
 
+def backoff_pod(ran_for: int, reason: str = "CrashLoopBackOff") -> dict[str, Any]:
+    """A pod whose server container was killed after running `ran_for` seconds."""
+    last = {
+        "exitCode": 137,
+        "startedAt": "2026-12-05T10:00:00Z",
+        "finishedAt": f"2026-12-05T10:00:{ran_for:02d}Z",
+    }
+    server = {"name": "postgres", "restartCount": 4, "state": {"waiting": {"reason": reason}}}
+    server["lastState"] = {"terminated": last}
+    return {"metadata": {"name": "demo-1", "uid": "u1"}, "status": {"containerStatuses": [server]}}
+
+
+def test_a_standby_held_back_by_the_kubelet_after_a_kill_is_made_again_at_once() -> None:
+    """Killed again and again, a server's container waits out the kubelet's back-off (up to
+    5 min): its pod is made again, and starts now. One that fails at its start keeps it."""
+    observed = Observed(
+        name="demo", namespace="apps", generation=1, spec={}, status={}, pods=[backoff_pod(39)]
+    )
+    (killed,) = members_of(observed, NO_ANSWERS, CLOCK).values()
+    assert killed.backing_off
+    plan = plan_primary(observe(member("demo-0", primary()), replace(killed, ready=False)))
+    assert plan.actions == [RestartPod("demo-1", "its server waits out the kubelet's back-off")]
+    assert [reason for _, reason, _ in plan.events] == ["BackOffSkipped"]
+    for pod in (backoff_pod(3), backoff_pod(39, reason="ContainerCreating")):
+        observed = replace(observed, pods=[pod])
+        (member_,) = members_of(observed, NO_ANSWERS, CLOCK).values()
+        assert not member_.backing_off
+    deleted = replace(killed, ready=False, terminating=True)
+    assert plan_primary(observe(member("demo-0", primary()), deleted)).actions == []
+
+
 def test_lsn_text_round_trips() -> None:
     assert parse_lsn("16/B374D848") == (0x16 << 32) + 0xB374D848
     assert format_lsn(parse_lsn("16/B374D848")) == "16/B374D848"

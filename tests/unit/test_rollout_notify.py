@@ -72,7 +72,7 @@ def test_the_sender_delivers_in_order_at_most_once_a_second() -> None:
     with receiving() as (base, received):
 
         async def send() -> None:
-            sender = notify.Sender()
+            sender = notify.Sender(["127.0.0.1"])  # the receiver, on loopback
             for index in range(3):
                 sender.send(f"{base}/hook", {"n": index})
             for _ in range(200):  # the receiver is another thread: poll it

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from framework.kube.runtime import StatusWriter, watched
+from framework.kube.runtime import StatusWriter, listed_namespaces, watched
 
 pytestmark = pytest.mark.unit
 
@@ -15,6 +15,14 @@ def test_an_operator_told_no_namespaces_watches_them_all_and_patterns_pick_other
     assert watched("t3-backup-1a2b", ["t3-*"])
     assert not watched("t4-backup-1a2b", ["t3-*"])
     assert watched("shop", ["t3-*", "shop"])
+
+
+def test_named_namespaces_are_listed_one_by_one_and_patterns_across_the_cluster() -> None:
+    # Named: an operator with namespaced Roles only may list nothing cluster-wide.
+    assert listed_namespaces(["shop", "billing"]) == ["shop", "billing"]
+    assert listed_namespaces([]) == ["*"]
+    assert listed_namespaces(["shop", "t3-*"]) == ["*"]
+    assert listed_namespaces(["!kube-system"]) == ["*"]
 
 
 def test_only_the_resource_version_the_last_write_made_is_its_echo() -> None:
