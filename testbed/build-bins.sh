@@ -104,8 +104,23 @@ PREPARE=copy_cert_manager_crds RECIPE_EXTRA=$TESTBED_SRC/gomod/certmanager/main.
 RECIPE_EXTRA=$TESTBED_SRC/gomod/linearizability/main.go \
   CGO_ENABLED=0 build_once "$LINEARIZABILITY_BIN" "$TESTBED_SRC/gomod/linearizability" "$GO_LDFLAGS_BASE" .
 
+# The offline manifest checks (e2e/test_manifests.py): kubeconform against schemas made from
+# the OpenAPI v3 documents of the Kubernetes release the test bed runs, and kube-score.
+copy_kube_openapi() {
+  local module
+  module=$(cd "$TESTBED_SRC/gomod/kube" && go mod download -json k8s.io/kubernetes |
+    python3 -c 'import json, sys; print(json.load(sys.stdin)["Dir"])')
+  rm -rf "$MANIFEST_CHECKS_BIN/openapi-v3"
+  mkdir -p "$MANIFEST_CHECKS_BIN"
+  cp -r "$module/api/openapi-spec/v3" "$MANIFEST_CHECKS_BIN/openapi-v3"
+  chmod -R u+w "$MANIFEST_CHECKS_BIN/openapi-v3"
+}
+PREPARE=copy_kube_openapi CGO_ENABLED=0 build_once "$MANIFEST_CHECKS_BIN" "$TESTBED_SRC/gomod/manifests" \
+  "$GO_LDFLAGS_BASE" github.com/yannh/kubeconform/cmd/kubeconform github.com/zegl/kube-score/cmd/kube-score
+
 mkdir -p "$TB/bin"
 ln -sfn "$KUBE_BIN/kubectl" "$KUBECTL"
 ln -sfn "$HELM_BIN/helm" "$HELM"
 ln -sfn "$CERT_MANAGER_BIN" "$TB/bin/cert-manager"
 ln -sfn "$LINEARIZABILITY_BIN/linearizability" "$TB/bin/linearizability"
+ln -sfn "$MANIFEST_CHECKS_BIN" "$TB/bin/manifest-checks"

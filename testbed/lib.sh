@@ -26,6 +26,8 @@ S3_BIN=$CACHE/bin/versitygw-v$S3_VERSION
 CERT_MANAGER_BIN=$CACHE/bin/cert-manager-v$CERT_MANAGER_VERSION  # the binary, and its CRDs in crds/
 FERRETDB_BIN=$CACHE/bin/ferretdb-v$FERRETDB_VERSION
 LINEARIZABILITY_BIN=$CACHE/bin/linearizability  # the chaos test's history checker (porcupine)
+# kubeconform and kube-score, with the OpenAPI document of the Kubernetes module (its schemas)
+MANIFEST_CHECKS_BIN=$CACHE/bin/manifest-checks-v$KUBE_VERSION
 
 # One node bridge carries the pods, the node address and the API server: it is
 # internal to this machine, so nothing listens on an outside interface.
