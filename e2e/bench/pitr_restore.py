@@ -55,11 +55,14 @@ def pgbench(kube: Client, namespace: str, *args: str) -> None:
         "PGPASSWORD": base64.b64decode(data["password"]).decode(),
         "PGDATABASE": "postgres",
     }
-    subprocess.run([str(postgres_bin() / "pgbench"), *args], env=env, check=True, capture_output=True)
+    done = subprocess.run([str(postgres_bin() / "pgbench"), *args], env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"pgbench {' '.join(args)} failed: {done.stderr.strip()}")
 
 
 def load(kube: Client, namespace: str, size_mb: int) -> int:
     """pgbench's tables, then rows as hard to compress as text usually is (about 2:1)."""
+    sql(kube, namespace, "demo", "select 1")  # retried while the Service's endpoints settle
     pgbench(kube, namespace, "-i", "-q", "-s", "10")
     sql(kube, namespace, "demo", "create table payload (id bigint, body text)")
     size = "select sum(pg_database_size(datname)) from pg_database"
