@@ -4,6 +4,7 @@ operator running from this checkout and real RabbitMQ nodes (Debian's rabbitmq-s
 from __future__ import annotations
 
 import base64
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -310,7 +311,10 @@ def test_a_cluster_forms_serves_keeps_its_queues_when_a_node_is_lost_rolls_out_a
     # members are only events-0 and the two leaving nodes (it must get new members first), and
     # a classic queue with messages on events-4, which cannot move: refused, naming it.
     def cli(*arguments: str) -> None:
-        kubectl("exec", "-n", namespace, "events-0", "-c", "rabbitmq", "--", *arguments, timeout=120)
+        try:
+            kubectl("exec", "-n", namespace, "events-0", "-c", "rabbitmq", "--", *arguments, timeout=120)
+        except subprocess.CalledProcessError as error:  # say what the CLI said
+            raise AssertionError(f"{' '.join(arguments)}: exit {error.returncode}: {error.stderr}") from error
 
     with amqp(kube, namespace, "events") as connection:
         channel = connection.channel()
@@ -320,11 +324,21 @@ def test_a_cluster_forms_serves_keeps_its_queues_when_a_node_is_lost_rolls_out_a
                 queue, durable=True, arguments={"x-queue-type": "quorum", "x-quorum-initial-group-size": 5}
             )
             publish(channel, queue, [f"{queue}-{i}" for i in range(200)])
-    for pod in ("events-1", "events-2"):
-        cli("rabbitmq-queues", "delete_member", "narrow", f"rabbit@{pod}.events-nodes.{namespace}")
     members = lambda queue: sorted(  # noqa: E731
         pod_of(n) for n in management(kube, namespace, "events", f"queues/%2F/{queue}")["members"]
     )
+
+    def led_without(pod: str) -> bool:
+        """The queue's membership has no `pod` and a leader among its members: Raft takes the
+        next membership change only then (in between, the CLI exits 69, unavailable)."""
+        queue = management(kube, namespace, "events", "queues/%2F/narrow")
+        left = [pod_of(n) for n in queue["members"]]
+        return pod not in left and pod_of(queue.get("leader") or "") in left
+
+    for pod in ("events-1", "events-2"):
+        wait_until("narrow led", lambda: led_without("none"), 60, 0.5)
+        cli("rabbitmq-queues", "delete_member", "narrow", f"rabbit@{pod}.events-nodes.{namespace}")
+        wait_until(f"narrow led without {pod}", lambda pod=pod: led_without(pod), 60, 0.5)
     assert members("wide") == [f"events-{i}" for i in range(5)]
     assert members("narrow") == ["events-0", "events-3", "events-4"]
     with amqp_to_node(kube, namespace, "events", "events-4") as connection:
