@@ -30,7 +30,6 @@ import sys
 import time
 import uuid
 
-import psycopg
 from lightkube import Client
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Namespace, Pod, Secret, Service
@@ -39,7 +38,7 @@ from e2e.bench.wal_archive import MiB, postgres_bin
 from e2e.kube import apply, client, delete_namespace, wait_until
 from e2e.operator_process import OperatorProcess
 from e2e.s3 import create_keys, new_bucket, revoke_keys
-from e2e.test_backup import Backup, Restore, sql, storage, wait_phase
+from e2e.test_backup import Backup, Restore, connect_db, sql, storage, wait_phase
 from e2e.test_postgres import Postgres, create, wait_ready
 
 POINT = "bench-target"
@@ -104,15 +103,7 @@ def write_wal(kube: Client, namespace: str, wal_mb: int) -> int:
 def history_rows(kube: Client, namespace: str, instance: str) -> int | None:
     """pgbench_history's rows through `<instance>-rw`, None while nothing serves there."""
     try:
-        data = kube.get(Secret, f"{instance}-superuser", namespace=namespace).data
-        host = kube.get(Service, f"{instance}-rw", namespace=namespace).spec.clusterIP
-        with psycopg.connect(
-            host=host,
-            user=base64.b64decode(data["username"]).decode(),
-            password=base64.b64decode(data["password"]).decode(),
-            dbname="postgres",
-            connect_timeout=2,
-        ) as conn:
+        with connect_db(kube, namespace, instance, "postgres") as conn:
             return conn.execute("select count(*) from pgbench_history").fetchone()[0]
     except Exception:  # not there yet: no Secret, no Service, no server, still recovering
         return None
