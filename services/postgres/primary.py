@@ -151,6 +151,19 @@ class PrimaryInput:
     rollout_switchover: str | None = None
 
 
+def change_mark(status: dict[str, Any]) -> tuple[Any, ...]:
+    """What identifies the step a change of primary is at: answers asked under another step
+    (before a promotion another operator has since completed, say) decide nothing. The primary's
+    name alone does not tell: a primary promoted again in place keeps it."""
+    change = status.get("failover") or {}
+    return (
+        status.get("currentPrimary"),
+        status.get("targetPrimary"),
+        change.get("startedAt"),
+        change.get("completedAt"),
+    )
+
+
 def ordinal(pod: str) -> int:
     return int(pod.rsplit("-", 1)[1])
 
@@ -644,7 +657,10 @@ def _finish_restart(observed: PrimaryInput, plan: PrimaryPlan, change: dict[str,
         return _complete(observed, plan, change, primary, primary)
     if member is not None and member.standby and not member.terminating:
         return _promote(plan, change, primary)
-    if member is not None and not _gone(member, observed.monotonic):
+    # Once its promotion was asked, a pod not ready yet (a fresh container) and one answer lost
+    # are no reason to fail over: it may be promoted already, and that would be a second one.
+    asked = change.get("promoting") == primary
+    if member is not None and not _gone(member, observed.monotonic, unready_counts=not asked):
         plan.probe_again = 0.3  # one answer lost (a busy machine): asked again
         return plan
     # Down again (promoted or not: it was the primary already): the next pass treats it as any
@@ -677,10 +693,10 @@ def _complete(
     return plan
 
 
-def _gone(member: Member, monotonic: float) -> bool:
-    """Whether a standby that does not answer is down: its pod gone, stopping or not Ready, or
-    its server silent for as long as declares a primary down."""
-    if not member.exists or member.terminating or not member.ready:
+def _gone(member: Member, monotonic: float, unready_counts: bool = True) -> bool:
+    """Whether a standby that does not answer is down: its pod gone, stopping or not Ready (when
+    that counts), or its server silent for as long as declares a primary down."""
+    if not member.exists or member.terminating or (unready_counts and not member.ready):
         return True
     return member.silent_since is not None and monotonic - member.silent_since >= SILENT_LIMIT
 

@@ -2,6 +2,7 @@
 
 import base64
 import subprocess
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -578,3 +579,47 @@ def test_answers_collected_under_another_primary_decide_nothing_and_are_asked_ag
     assert planned.pod_labels == {}
     assert planned.status == {}
     assert planned.inspect_in == 0.0
+
+
+def test_answers_collected_before_a_promotion_in_place_was_completed_decide_nothing() -> None:
+    """A primary promoted again in place keeps its name: answers asked while it was a standby
+    replaying its WAL (less of it than a standby has) must not start a failover once another
+    operator completed the promotion (a second promotion: a timeline more)."""
+    from framework.plugin import Inspection
+    from framework.servers import NO_ANSWERS
+    from services.postgres.plugin import ServerFacts
+    from services.postgres.primary import change_mark
+
+    spec = {"instances": 2, "storage": {"size": "1Gi"}}
+    pods = [ready_pod("demo-0"), ready_pod("demo-1")]
+    restarting = {
+        "initialized": True,
+        "currentPrimary": "demo-0",
+        "targetPrimary": "demo-0",
+        "failover": {"kind": "Restart", "startedAt": "2026-12-06T04:00:00Z", "promoting": "demo-0"},
+    }
+    completed = {
+        **restarting,
+        "targetPrimary": None,
+        "failover": {**restarting["failover"], "completedAt": "2026-12-06T04:00:01Z"},
+    }
+    assert change_mark(restarting) != change_mark(completed)
+    asked_then = ServerFacts(NO_ANSWERS, None, {}, {}, "demo-0", frozenset(), change=change_mark(restarting))
+    planned = PLUGIN.operations(
+        PLUGIN.spec_model.model_validate(spec),
+        observed(
+            spec, pods=pods, status=completed, inspection=Inspection(at=0.0, facts=asked_then, answered=True)
+        ),
+        0.0,
+    )
+    assert (planned.actions, planned.status, planned.inspect_in) == ([], {}, 0.0)
+    # Asked under the status it is planned on: it decides.
+    asked_now = replace(asked_then, change=change_mark(completed))
+    planned = PLUGIN.operations(
+        PLUGIN.spec_model.model_validate(spec),
+        observed(
+            spec, pods=pods, status=completed, inspection=Inspection(at=0.0, facts=asked_now, answered=True)
+        ),
+        0.0,
+    )
+    assert planned.status != {}

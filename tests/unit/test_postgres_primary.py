@@ -203,12 +203,20 @@ def test_a_restart_whose_server_goes_down_again_is_dropped_for_a_failover() -> N
     gone = member("demo-0", None, ready=False)
     plan = plan_primary(observe(gone, member("demo-1", standby()), status=status))
     assert plan.target is None  # the next pass sees a primary down, as any other
-    # Asked already, or not: it was the primary, and a failover from it takes the same care.
+    # Its promotion asked already: it may be promoted, and a failover now would be a second
+    # promotion. A fresh container not ready yet that lost one answer is asked again ...
     asked = {**status, "failover": {**status["failover"], "promoting": "demo-0"}}
-    assert plan_primary(observe(gone, member("demo-1", standby()), status=asked)).target is None
-    # One answer lost while its pod is ready: asked again, nothing dropped.
+    assert plan_primary(observe(gone, member("demo-1", standby()), status=asked)).target == "demo-0"
     lost = member("demo-0", None, silent_since=CLOCK - 1)
     assert plan_primary(observe(lost, member("demo-1", standby()), status=asked)).target == "demo-0"
+    # ... and dropped for a failover, as any primary down, once its pod goes or its server is
+    # silent for as long as declares a primary down.
+    for down in (
+        replace(gone, exists=False),
+        replace(gone, terminating=True),
+        replace(gone, silent_since=CLOCK - SILENT_LIMIT),
+    ):
+        assert plan_primary(observe(down, member("demo-1", standby()), status=asked)).target is None
 
 
 def test_a_restarted_primary_behind_a_standby_fails_over_to_it() -> None:
