@@ -13,6 +13,7 @@ before anything is promoted), the primary's pod force-deleted (no grace).
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import threading
 import time
@@ -35,8 +36,10 @@ from e2e.test_postgres_ha import status_of
 pytestmark = [pytest.mark.e2e, pytest.mark.chaos, pytest.mark.xdist_group("chaos")]
 
 SPEC = {"version": "15", "instances": 3, "storage": {"size": "1Gi"}}
-DISRUPTIONS = 30
-KINDS = ("kill", "partition", "force-delete")
+# A longer or narrower run by hand, to chase a rare race: STATEFLEET_CHAOS_DISRUPTIONS=90
+# STATEFLEET_CHAOS_KINDS=force-delete (make test runs the default).
+DISRUPTIONS = int(os.environ.get("STATEFLEET_CHAOS_DISRUPTIONS", "30"))
+KINDS = tuple(os.environ.get("STATEFLEET_CHAOS_KINDS", "kill,partition,force-delete").split(","))
 ROLE = "statefleet.dev/role"
 TIMELINE = "select ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int"
 LOGS = REPO / ".testbed" / "logs"
