@@ -4,6 +4,8 @@ operator running from this checkout and real RabbitMQ nodes (Debian's rabbitmq-s
 from __future__ import annotations
 
 import base64
+import socket
+import ssl
 import subprocess
 import threading
 import time
@@ -434,6 +436,37 @@ def login(kube: Client, namespace: str, user: str, password: str, vhost: str) ->
             time.sleep(1)
 
 
+def tls_context(ca: str | None) -> ssl.SSLContext:
+    """A client's: verifies the server's name and chain (with `ca`, or the system's CAs)."""
+    return ssl.create_default_context(cadata=ca) if ca else ssl.create_default_context()
+
+
+def login_tls(
+    kube: Client, namespace: str, bound: dict[str, str], ca: str | None = "binding", retry_for: float = 30
+) -> pika.BlockingConnection:
+    """amqps as the binding Secret says (its host name verified, its CA unless told), through
+    the client Service's address (the test runs outside the cluster's DNS)."""
+    name = bound["host"].split(".", 1)[0]
+    address = kube.get(Service, name, namespace=namespace).spec.clusterIP
+    parameters = pika.ConnectionParameters(
+        host=address,
+        port=int(bound["port"]),
+        virtual_host=bound["virtual-host"],
+        credentials=pika.PlainCredentials(bound["username"], bound["password"]),
+        ssl_options=pika.SSLOptions(tls_context(bound["ca.crt"] if ca == "binding" else ca), bound["host"]),
+        socket_timeout=5,
+        connection_attempts=1,
+    )
+    deadline = time.monotonic() + retry_for
+    while True:
+        try:
+            return pika.BlockingConnection(parameters)
+        except pika.exceptions.AMQPConnectionError as error:
+            if "CERTIFICATE_VERIFY_FAILED" in repr(error) or time.monotonic() > deadline:
+                raise
+            time.sleep(1)
+
+
 @pytest.fixture(scope="module")
 def one_node(kube: Client, deleted_namespaces: DeletedNamespaces, operator: OperatorProcess) -> Iterator[str]:
     """A namespace with a 1-node RabbitMQ `events`, which the steps marked with the group
@@ -456,10 +489,11 @@ def test_users_vhosts_permissions_and_a_binding(kube: Client, one_node: str) -> 
     assert secret.type == "servicebinding.io/rabbitmq"
     bound = secret_data(kube, namespace, "orders")
     assert bound["uri"] == (
-        f"amqp://orders:{quote(bound['password'], safe='')}@events.{namespace}.svc:5672/orders"
+        f"amqps://orders:{quote(bound['password'], safe='')}@events.{namespace}.svc:5671/orders"
     )
-    assert (bound["username"], bound["virtual-host"], bound["port"]) == ("orders", "orders", "5672")
-    with login(kube, namespace, "orders", bound["password"], "orders") as connection:
+    assert (bound["username"], bound["virtual-host"], bound["port"]) == ("orders", "orders", "5671")
+    # As the application connects: amqps, the server verified by name with the binding's CA.
+    with login_tls(kube, namespace, bound) as connection:
         channel = connection.channel()
         channel.queue_declare("work", durable=True, arguments={"x-queue-type": "quorum"})
         channel.confirm_delivery()
@@ -643,3 +677,70 @@ def test_definitions_backup_restores_into_a_new_cluster(kube: Client, one_node: 
     )
     message = wait_reason(kube, Restore, namespace, "over", "ReplaceRefused")
     assert "a definitions backup of a RabbitMQ is restored into a new instance only" in message
+
+
+@pytest.mark.xdist_group("rabbitmq-one-node")
+def test_amqp_and_the_management_api_over_tls_then_tls_only(kube: Client, one_node: str) -> None:
+    """Last of the group: it turns the shared cluster's plaintext listeners off."""
+    namespace = one_node
+    user, password = credentials(kube, namespace, "events")
+    host = f"events.{namespace}.svc"
+    ca = secret_data(kube, namespace, "events-tls")["ca.crt"]
+    as_admin = {"host": host, "port": "5671", "virtual-host": "/", "username": user, "password": password}
+
+    def round_trip(queue: str) -> None:
+        with login_tls(kube, namespace, as_admin, ca=ca) as connection:
+            channel = connection.channel()
+            channel.queue_declare(queue, durable=True, arguments={"x-queue-type": "quorum"})
+            channel.confirm_delivery()
+            publish(channel, queue, ["over tls"])
+            assert drain(channel, queue) == ["over tls"]
+
+    round_trip("secure")
+    # A client that does not trust the instance's CA is refused by its own check.
+    with pytest.raises(pika.exceptions.AMQPConnectionError, match="CERTIFICATE_VERIFY_FAILED"):
+        login_tls(kube, namespace, as_admin, ca=None).close()
+    address = kube.get(Service, "events", namespace=namespace).spec.clusterIP
+
+    def management_tls() -> dict[str, Any]:
+        transport = httpx2.HTTPTransport(verify=tls_context(ca))
+        # The certificate names the Service; the test reaches its address.
+        with httpx2.Client(transport=transport, timeout=10) as http:
+            response = http.get(
+                f"https://{address}:15671/api/overview",
+                auth=(user, password),
+                extensions={"sni_hostname": host},
+                headers={"host": host},
+            )
+        response.raise_for_status()
+        return response.json()
+
+    assert management_tls()["cluster_name"] == "events"
+
+    # TLS only: the plaintext listeners go, the operator keeps managing the node over HTTPS.
+    kube.patch(
+        RabbitMQ,
+        "events",
+        {"spec": {"tls": {"required": True}}},
+        namespace=namespace,
+        patch_type=PatchType.MERGE,
+    )
+    status = wait_formed(kube, namespace, "events", 1, timeout=240)
+    assert "amqp" not in status["endpoints"]
+    assert status["endpoints"]["amqps"] == f"amqps://{host}:5671"
+    ports = {p.name for p in kube.get(Service, "events", namespace=namespace).spec.ports}
+    assert ports == {"amqps", "management-tls", "prometheus"}
+    ip = kube.get(Pod, "events-0", namespace=namespace).status.podIP
+
+    def plaintext_refused() -> bool:
+        for port in (5672, 15672):
+            try:
+                socket.create_connection((ip, port), timeout=2).close()
+                return False
+            except OSError:
+                pass
+        return True
+
+    wait_until("the plaintext listeners off", plaintext_refused, 120, 2)
+    round_trip("secure-only")
+    assert management_tls()["cluster_name"] == "events"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import ssl
 from typing import Any
 
 import httpx2
@@ -36,10 +37,16 @@ class DefinitionsRefused(Exception):
 
 
 def api(method: str, path: str, body: bytes | None = None) -> httpx2.Response:
+    """Over HTTPS to the client Service, whose name the certificate holds, verified with the
+    instance's CA (RABBITMQ_CA)."""
     url = f"{os.environ['RABBITMQ_MANAGEMENT_URL'].rstrip('/')}/api/{path}"
     auth = (os.environ["RABBITMQ_USERNAME"], os.environ["RABBITMQ_PASSWORD"])
     headers = {"content-type": "application/json"} if body is not None else {}
-    response = httpx2.request(method, url, auth=auth, content=body, headers=headers, timeout=TIMEOUT)
+    ca = os.environ.get("RABBITMQ_CA")
+    verify = ssl.create_default_context(cadata=ca) if ca else True
+    response = httpx2.request(
+        method, url, auth=auth, content=body, headers=headers, timeout=TIMEOUT, verify=verify
+    )
     if response.status_code // 100 != 2:
         raise DefinitionsRefused(f"{method} /api/{path}: HTTP {response.status_code}: {response.text[:500]}")
     return response

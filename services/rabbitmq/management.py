@@ -6,6 +6,7 @@ answering: a frozen node must not hold the operator up."""
 
 from __future__ import annotations
 
+import ssl
 from typing import Any
 
 import httpx2
@@ -13,10 +14,11 @@ from lightkube import AsyncClient
 from lightkube.core.exceptions import ApiError
 from lightkube.resources.core_v1 import Service
 
-from framework.kube.secrets import Credentials
+from framework.kube.secrets import Credentials, SecretValues
 from services.rabbitmq.cluster import NodeAnswer, parse_nodes
 
-MANAGEMENT_PORT = 15672
+AMQPS_PORT = 5671
+MANAGEMENT_TLS_PORT = 15671  # always on (the plaintext one may be off: spec.tls.required)
 PROBE_TIMEOUT = 3.0  # the management API answers /api/nodes from the node's own caches
 CHANGE_TIMEOUT = 30.0  # a vhost is created on every node before the API answers
 
@@ -30,8 +32,17 @@ class NodeRefused(Exception):
 
 
 class Management:
-    def __init__(self, default_user_secret: str) -> None:
+    """Over HTTPS, verified with the instance's CA. By the pod's IP, which the certificate does
+    not name: the chain is checked, the host name is not (the CA signs this instance only)."""
+
+    def __init__(self, default_user_secret: str, tls_secret: str) -> None:
         self.credentials = Credentials(default_user_secret)
+        self.ca = SecretValues(tls_secret, "ca.crt")
+
+    async def _verify(self, client: AsyncClient, namespace: str, name: str) -> ssl.SSLContext:
+        context = ssl.create_default_context(cadata=await self.ca.get(client, namespace, name))
+        context.check_hostname = False
+        return context
 
     async def request(
         self,
@@ -45,10 +56,18 @@ class Management:
         seconds: float = PROBE_TIMEOUT,
     ) -> httpx2.Response:
         auth = await self.credentials.get(client, namespace, name)
-        async with httpx2.AsyncClient(timeout=seconds) as http:
-            response = await http.request(
-                method, f"http://{ip}:{MANAGEMENT_PORT}/api/{path}", auth=auth, json=body
-            )
+        verify = await self._verify(client, namespace, name)
+        try:
+            async with httpx2.AsyncClient(timeout=seconds, verify=verify) as http:
+                response = await http.request(
+                    method, f"https://{ip}:{MANAGEMENT_TLS_PORT}/api/{path}", auth=auth, json=body
+                )
+        except httpx2.ConnectError as error:
+            if isinstance(error.__cause__, ssl.SSLCertVerificationError) or "CERTIFICATE_VERIFY" in str(
+                error
+            ):
+                self.ca.forget(namespace, name)  # a new CA (the instance made anew): read again
+            raise
         if response.status_code == 401:  # a resource made anew under the same name: a new Secret
             self.credentials.forget(namespace, name)
         return response

@@ -15,12 +15,14 @@ from lightkube.resources.core_v1 import Pod
 from lightkube.types import CascadeType
 
 from framework.catalog import ResolvedVersion
+from framework.certificates import service_hosts
 from framework.kube.api import EventNote
 from framework.kube.jobs import read_job
 from framework.kube.meta import content_hash, owner_reference
 from framework.kube.pods import booting_since, pod_ip
 from framework.plugin import (
     CHANGE_REFUSED,
+    TLS_SERVER,
     Backups,
     Bindings,
     GeneratedSecret,
@@ -31,6 +33,7 @@ from framework.plugin import (
     ServicePlan,
     ServicePlugin,
     ServiceStatus,
+    Tls,
     UnknownAction,
     decided,
 )
@@ -38,13 +41,13 @@ from framework.servers import Answers, ask_servers, ready_of, ready_pods
 from framework.volumes import claim_context, refuse_storage_change
 from services.rabbitmq import scale_down
 from services.rabbitmq.cluster import ClusterView, NodeAnswer, node_name, pod_of, read_cluster
-from services.rabbitmq.management import Management, ManagementError
+from services.rabbitmq.management import AMQPS_PORT, MANAGEMENT_TLS_PORT, Management, ManagementError
 from services.rabbitmq.spec import RabbitMQSpec, RabbitMQStatus, config_hazard
 from services.rabbitmq.users import RabbitMQPermissionKind, RabbitMQUserKind, RabbitMQVhostKind
 
 DEFAULT_USER = GeneratedSecret("default-user", random=("username", "password"))
 ERLANG_COOKIE = GeneratedSecret("erlang-cookie", random=("cookie",), length=64)
-MANAGEMENT = Management(DEFAULT_USER.name("{name}"))
+MANAGEMENT = Management(DEFAULT_USER.name("{name}"), f"{{name}}-{TLS_SERVER}")
 # Seconds between two inspections: often while the cluster forms or misses a node.
 INSPECT_FORMING, INSPECT_FORMED = 3.0, 15.0
 # A node not up this long after its container started, while other nodes serve, is stuck in its
@@ -120,6 +123,11 @@ def cluster_view(spec: RabbitMQSpec, observed: Observed) -> ClusterView:
     return read_cluster(observed.name, observed.namespace, spec.replicas, answers)
 
 
+class RabbitMQTls(Tls):
+    def hosts(self, name: str, namespace: str) -> list[str]:
+        return service_hosts([name], namespace, pods_of=f"{name}-nodes")
+
+
 class RabbitMQBindings(Bindings):
     user_kind = "RabbitMQUser"
 
@@ -133,15 +141,19 @@ class RabbitMQBindings(Bindings):
         meta, status = service["metadata"], user["status"]
         host = f"{meta['name']}.{meta['namespace']}.svc"
         username, vhost, password = status["username"], status["vhost"], credentials["password"]
+        # TLS always (amqps; the plaintext listener may be off): clients verify the server with
+        # the CA, which `ca.crt` holds.
         return {
             "type": "rabbitmq",
             "provider": "statefleet",
             "host": host,
-            "port": "5672",
+            "port": str(AMQPS_PORT),
+            "ssl": "true",
+            **({"ca.crt": ca} if ca else {}),
             "username": username,
             "password": password,
             "virtual-host": vhost,
-            "uri": f"amqp://{quote(username, safe='')}:{quote(password, safe='')}@{host}:5672/"
+            "uri": f"amqps://{quote(username, safe='')}:{quote(password, safe='')}@{host}:{AMQPS_PORT}/"
             + quote(vhost, safe=""),
         }
 
@@ -153,7 +165,11 @@ class RabbitMQBackups(Backups):
 
     def job_env(self, name: str) -> list[dict[str, Any]]:
         return [
-            {"name": "RABBITMQ_MANAGEMENT_URL", "value": f"http://{name}:15672"},
+            {"name": "RABBITMQ_MANAGEMENT_URL", "value": f"https://{name}:{MANAGEMENT_TLS_PORT}"},
+            {
+                "name": "RABBITMQ_CA",
+                "valueFrom": {"secretKeyRef": {"name": f"{name}-{TLS_SERVER}", "key": "ca.crt"}},
+            },
             DEFAULT_USER.env("RABBITMQ_USERNAME", name, "username"),
             DEFAULT_USER.env("RABBITMQ_PASSWORD", name, "password"),
         ]
@@ -173,6 +189,7 @@ class RabbitMQPlugin(ServicePlugin):
     status_model = RabbitMQStatus
     bindings = RabbitMQBindings()
     backups = RabbitMQBackups()
+    tls = RabbitMQTls()
 
     def in_service_kinds(self) -> list[Any]:
         return list(ACCESS_KINDS)
@@ -342,7 +359,11 @@ class RabbitMQPlugin(ServicePlugin):
             degraded=serving and not (view.formed and ready == spec.replicas),
             message=message,
             fields={
-                "endpoints": {"amqp": f"amqp://{host}:5672", "management": f"http://{host}:15672"},
+                "endpoints": {
+                    "amqps": f"amqps://{host}:{AMQPS_PORT}",
+                    **({} if spec.tls.required else {"amqp": f"amqp://{host}:5672"}),
+                    "management": f"https://{host}:{MANAGEMENT_TLS_PORT}",
+                },
                 "defaultUserSecret": DEFAULT_USER.name(observed.name),
             },
         )

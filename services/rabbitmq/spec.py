@@ -23,8 +23,10 @@ from framework.spec import (
 MANAGED_CONFIG_PREFIXES = (
     "cluster_formation.",
     "cluster_name",
-    "listeners.tcp",
+    "listeners.",
+    "ssl_options.",
     "management.tcp",
+    "management.ssl",
     "management.listener",
     "management.path_prefix",
     "prometheus.tcp",
@@ -66,6 +68,14 @@ def config_hazard(config: dict[str, str]) -> str | None:
         "rabbitmq.conf key",
         managed_key,
         per_line=": one rabbitmq.conf line each",
+    )
+
+
+class RabbitMQTlsSpec(ApiModel):
+    required: bool = Field(
+        default=False,
+        description="Only TLS: AMQP over TLS (amqps, 5671) and the management API over HTTPS (15671); "
+        "the plaintext listeners (5672, 15672) are off. Both TLS listeners are always on.",
     )
 
 
@@ -118,6 +128,10 @@ class RabbitMQSpec(ApiModel):
     bootstrap: BootstrapSpec | None = Field(
         default=None, description="Made from a backup: its definitions are imported once the cluster runs."
     )
+    tls: RabbitMQTlsSpec = Field(
+        default_factory=RabbitMQTlsSpec,
+        description="TLS in transit: the nodes serve amqps and HTTPS with the instance's certificate.",
+    )
     pod_template: PodTemplateOverrides = Field(default_factory=PodTemplateOverrides)
     deletion_policy: DeletionPolicy = Field(
         default=DeletionPolicy.RETAIN, description="What happens to the volumes when the RabbitMQ is deleted."
@@ -167,7 +181,8 @@ class ScaleDownStatus(StatusModel):
 
 
 class RabbitMQEndpoints(StatusModel):
-    amqp: str | None = None
+    amqps: str | None = None
+    amqp: str | None = Field(default=None, description="plaintext, unless spec.tls.required")
     management: str | None = None
 
 

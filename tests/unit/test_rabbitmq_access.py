@@ -139,16 +139,18 @@ def test_tags_of_both_shapes() -> None:
 def test_binding_data_is_a_servicebinding_io_rabbitmq_secret() -> None:
     service = {"metadata": {"name": "events", "namespace": "apps"}}
     user_body = {"status": {"username": "orders", "vhost": "orders"}}
-    data = PLUGIN.bindings.secret_data(service, user_body, {"password": "p@ss/word"}, None)
+    data = PLUGIN.bindings.secret_data(service, user_body, {"password": "p@ss/word"}, "CA PEM")
     assert data == {
         "type": "rabbitmq",
         "provider": "statefleet",
         "host": "events.apps.svc",
-        "port": "5672",
+        "port": "5671",
+        "ssl": "true",
+        "ca.crt": "CA PEM",
         "username": "orders",
         "password": "p@ss/word",
         "virtual-host": "orders",
-        "uri": "amqp://orders:p%40ss%2Fword@events.apps.svc:5672/orders",
+        "uri": "amqps://orders:p%40ss%2Fword@events.apps.svc:5671/orders",
     }
     assert PLUGIN.bindings.user_spec("orders", "events") == {"instance": "events", "ownVhost": True}
 
