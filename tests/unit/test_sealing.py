@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
+import zstandard
 from botocore.exceptions import ClientError
 
 from backup import resources, run
@@ -32,6 +33,9 @@ from backup.sealing import (
     seal,
 )
 from backup.storage import MiB, S3Spec, StorageError
+from services.postgres import wal_archiver
+from services.postgres.point_in_time import read_wal
+from services.postgres.wal_archive import wal_key
 
 pytestmark = pytest.mark.unit
 
@@ -352,6 +356,58 @@ def test_a_pod_reading_the_bootstrap_request_gets_its_keys_from_it(
     error = json.loads((tmp_path / "termination-log").read_text())["error"]
     assert error["reason"] == "KeyMissing"
     assert key_id(NEW) in error["message"]
+
+
+# -- WAL -------------------------------------------------------------------------------------
+
+
+def archiver(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, bucket: MemoryBucket) -> wal_archiver.Archiver:
+    pgdata = tmp_path / "pgdata"
+    (pgdata / "global").mkdir(parents=True)
+    (pgdata / "global" / "pg_control").write_bytes((7).to_bytes(8, "little"))
+    (pgdata / "pg_wal").mkdir()
+    credentials, keys = tmp_path / "credentials", tmp_path / "keys"
+    credentials.mkdir()
+    keys.mkdir()
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        (credentials / name).write_text("x")
+    monkeypatch.setattr(wal_archiver, "CREDENTIALS", credentials)
+    monkeypatch.setattr(wal_archiver, "KEYS", keys)
+    monkeypatch.setattr(wal_archiver, "s3_client", lambda *_: bucket)
+    settings = {"s3": SEALED.to_api(), "prefix": "apps/shop/postgres/demo/wal", "parallel": 1}
+    return wal_archiver.Archiver(pgdata, tmp_path / "spool", "demo-0", settings, None)
+
+
+def test_archived_wal_is_sealed_with_the_key_the_secret_holds_now_and_opened_on_restore(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bucket = MemoryBucket()
+    worker = archiver(tmp_path, monkeypatch, bucket)
+    segment = "000000010000000000000003"
+    (worker.pgdata / "pg_wal" / segment).write_bytes(SECRET_ROW * 1000)
+    with pytest.raises(SealError, match=r"Secret backup-keys .* has no entry new"):
+        worker._store(segment)  # the Secret not there (yet): the archiver's reported error
+    (tmp_path / "keys" / "new").write_text(B64["new"])  # the kubelet updated the volume
+    worker._store(segment)
+    key = wal_key(worker.prefix, segment)
+    assert bucket.objects[key].startswith(MAGIC + key_id(NEW).encode())
+    assert SECRET_ROW not in bucket.objects[key]
+    assert bucket.objects[wal_key(worker.prefix, segment).rsplit("/", 2)[0] + "/SYSTEM"] == b"7\n"
+    assert read_wal(bucket, "backups", key, keyring()) == SECRET_ROW * 1000
+    with pytest.raises(SealError, match=r"but its storage has no spec.s3.encryption"):
+        read_wal(bucket, "backups", key)
+    bucket.objects[wal_key(worker.prefix, "000000010000000000000004")] = bucket.objects[key]
+    with pytest.raises(SealError, match=r"000000010000000000000004.zst fails authentication"):
+        read_wal(bucket, "backups", wal_key(worker.prefix, "000000010000000000000004"), keyring())
+
+
+def test_an_unsealed_wal_file_is_refused_where_the_storage_encrypts() -> None:
+    bucket = MemoryBucket()
+    key = "apps/shop/postgres/demo/wal/0000000100000000/000000010000000000000003.zst"
+    bucket.put_object("backups", key, zstandard.ZstdCompressor().compress(b"forged WAL"))
+    with pytest.raises(SealError, match="is not sealed"):
+        read_wal(bucket, "backups", key, keyring())
+    assert read_wal(bucket, "backups", key) == b"forged WAL"  # a storage without encryption: as before
 
 
 # -- the BackupStorage's status --------------------------------------------------------------
