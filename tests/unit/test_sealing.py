@@ -16,9 +16,11 @@ import zstandard
 from botocore.exceptions import ClientError
 
 from backup import resources, run
+from backup import restore as restore_kind
 from backup.driver import Driver, Sink, Taken, WalArchive
 from backup.job import build_job
 from backup.manifest import Manifest, manifest_key, read_manifest
+from backup.restore_plan import WriteBootstrapSecret
 from backup.sealing import (
     CIPHER,
     ENV_PREFIX,
@@ -33,6 +35,7 @@ from backup.sealing import (
     seal,
 )
 from backup.storage import MiB, S3Spec, StorageError
+from services.postgres import PLUGIN as POSTGRES
 from services.postgres import wal_archiver
 from services.postgres.point_in_time import read_wal
 from services.postgres.wal_archive import wal_key
@@ -450,3 +453,32 @@ def test_a_storage_that_encrypts_says_with_which_key_or_which_is_missing(
     malformed = storage_outcome(monkeypatch, {"new": "c2hvcnQ="})
     assert (malformed.ready, malformed.reason) == (False, "KeyInvalid")
     assert "entry new holds 5 bytes" in malformed.message
+
+
+def test_an_instances_bootstrap_secret_carries_the_keys_its_pods_open_the_backup_with(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    secrets = {
+        "s3": {"AWS_ACCESS_KEY_ID": "AKIA", "AWS_SECRET_ACCESS_KEY": "hush"},
+        "backup-keys": B64,
+    }
+
+    async def get_or_none(client: Any, kind: Any, name: str, namespace: str) -> Any:
+        found = secrets.get(name)
+        return found and {"data": {k: base64.b64encode(v.encode()).decode() for k, v in found.items()}}
+
+    created: list[Any] = []
+
+    class Client:
+        async def create(self, body: Any) -> None:
+            created.append(body)
+
+    monkeypatch.setattr(restore_kind, "get_or_none", get_or_none)
+    target = {"metadata": {"name": "copy", "namespace": "shop", "uid": "u-2"}}
+    action = WriteBootstrapSecret({"action": "bootstrap", "storage": SEALED.to_api(), "location": "x"})
+    kind = restore_kind.RestoreKind([POSTGRES], "image")
+    asyncio.run(kind.write_bootstrap_secret(Client(), POSTGRES, target, SEALED, action))  # type: ignore[arg-type]
+    data = created[0].stringData
+    assert data["AWS_SECRET_ACCESS_KEY"] == "hush"
+    assert json.loads(data["request"])[REQUEST_FIELD] == B64
+    assert REQUEST_FIELD not in action.request  # the plan's request (and so the status) never holds keys
