@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol, TypeVar
 
 from backup.manifest import Manifest, PhysicalPosition
+from backup.sealing import Keyring
 from backup.storage import S3Spec, StoredObject
 
 
@@ -38,6 +39,7 @@ class WalArchive:
     client: Any
     storage: S3Spec
     prefix: str
+    keyring: Keyring | None = None  # the storage encrypts: its WAL files are sealed
 
     @property
     def location(self) -> str:

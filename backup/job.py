@@ -13,6 +13,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from backup.sealing import ENV_PREFIX
 from backup.storage import CREDENTIAL_KEYS, S3Spec
 from framework.kube.jobs import job_name
 from framework.kube.meta import LABEL_MANAGED_BY, LABEL_PART_OF, MANAGER, owner_reference
@@ -62,6 +63,14 @@ def build_job(
         {"name": key, "valueFrom": {"secretKeyRef": {"name": storage.credentials_secret, "key": key}}}
         for key in CREDENTIAL_KEYS
     ]
+    # A storage that encrypts: every entry of its keys Secret (the current key seals, the others
+    # open older backups). Optional: a Secret missing is the Job's reported failure (KeyMissing,
+    # naming it), not a pod that never starts until the deadline.
+    keys = (
+        [{"secretRef": {"name": storage.encryption.keys_secret, "optional": True}, "prefix": ENV_PREFIX}]
+        if storage.encryption
+        else []
+    )
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
@@ -87,6 +96,7 @@ def build_job(
                                 "image": image,
                                 "imagePullPolicy": "IfNotPresent",
                                 "command": ["python3", "-m", "backup"],
+                                **({"envFrom": keys} if keys else {}),
                                 "env": [
                                     {"name": "STATEFLEET_BACKUP_REQUEST", "value": json.dumps(request)},
                                     *credentials,

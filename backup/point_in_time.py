@@ -16,6 +16,7 @@ from typing import Any
 
 from pydantic import Field
 
+from backup.sealing import Keyring
 from backup.storage import S3Spec
 from framework.kube.model import StatusModel
 from framework.spec import RecoveryTarget
@@ -73,9 +74,9 @@ class Archive(ABC):
         None when its status says it does."""
 
     @abstractmethod
-    def observe(self, s3_api: Any, s3: S3Spec, prefix: str) -> Any:
-        """What `reach` needs of the archive (a listing, timeline histories). Blocking: the
-        operator calls it in a thread."""
+    def observe(self, s3_api: Any, s3: S3Spec, prefix: str, keyring: Keyring | None = None) -> Any:
+        """What `reach` needs of the archive (a listing, timeline histories; `keyring`: the
+        storage's keys, when it encrypts). Blocking: the operator calls it in a thread."""
 
     @abstractmethod
     def reach(self, observed: Any, backups: list[BaseBackup], target: RecoveryTarget) -> Reach | Unreachable:

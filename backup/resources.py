@@ -20,6 +20,7 @@ from lightkube.types import CascadeType
 from pydantic import ConfigDict, Field
 
 from backup.job import DeleteJob, StartJob, build_job
+from backup.sealing import Keyring, SealError, keyring_from, secret_source
 from backup.storage import CREDENTIAL_KEYS, BackupStorageSpec, S3Spec, StorageError, explain, s3_client
 from framework.binding import ServiceRef
 from framework.kube import conditions
@@ -142,6 +143,19 @@ async def storage_client(client: AsyncClient, namespace: str, name: str) -> tupl
     return spec, s3_client(spec, data["AWS_ACCESS_KEY_ID"], data["AWS_SECRET_ACCESS_KEY"])
 
 
+async def storage_keyring(client: AsyncClient, namespace: str, spec: S3Spec) -> Keyring | None:
+    """The storage's sealing keys, for what the operator itself reads of it (a manifest to
+    import, an archive's timeline histories); None when it does not encrypt. `SealError`
+    KeyMissing or KeyInvalid naming the Secret and the entry."""
+    if spec.encryption is None:
+        return None
+    source = secret_source(spec.encryption)
+    secret = await get_or_none(client, Secret, spec.encryption.keys_secret, namespace)
+    if secret is None:
+        raise SealError("KeyMissing", f"{source} does not exist")
+    return keyring_from(decoded(secret), spec.encryption.key, source)
+
+
 class BackupStorageKind(ObjectKind):
     kind = "BackupStorage"
     plural = "backupstorages"
@@ -150,13 +164,17 @@ class BackupStorageKind(ObjectKind):
 
     async def reconcile(self, client: AsyncClient, body: dict[str, Any], spec: BackupStorageSpec) -> Outcome:
         try:
-            s3, s3_api = await storage_client(client, body["metadata"]["namespace"], body["metadata"]["name"])
+            namespace = body["metadata"]["namespace"]
+            s3, s3_api = await storage_client(client, namespace, body["metadata"]["name"])
             await asyncio.to_thread(s3_api.head_bucket, Bucket=s3.bucket)
+            # Checked here so that a key missing is said before a backup fails for it.
+            keyring = await storage_keyring(client, namespace, s3)
+            sealing = f"; sealing with key {keyring.current} ({keyring.current_id()})" if keyring else ""
         except Exception as error:
             found = explain(error, spec.s3.bucket)
             return Outcome(False, found.reason, str(found), retry_in=30)
         where = f"s3://{s3.bucket}/{s3.prefix}".rstrip("/")
-        return Outcome(True, "Available", f"{where} answers", retry_in=300)
+        return Outcome(True, "Available", f"{where} answers{sealing}", retry_in=300)
 
     def printer_columns(self) -> list[dict[str, Any]]:
         columns = super().printer_columns()

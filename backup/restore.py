@@ -29,6 +29,7 @@ from backup.resources import (
     JobKind,
     backups_of,
     storage_client,
+    storage_keyring,
 )
 from backup.restore_plan import (
     RESTORED_BY,
@@ -44,7 +45,8 @@ from backup.restore_plan import (
     WriteBootstrapSecret,
     wal_archive_of,
 )
-from backup.storage import CREDENTIAL_KEYS, StorageError, explain
+from backup.sealing import REQUEST_FIELD
+from backup.storage import CREDENTIAL_KEYS, S3Spec, StorageError, explain
 from backup.take import BackupKind, base_backups
 from framework.kube.api import get_or_none
 from framework.kube.jobs import job_name, observe_job, termination
@@ -180,7 +182,8 @@ class RestoreKind(JobKind):
         try:
             s3, s3_api = await storage_client(client, namespace, storage)
             prefix = archive.prefix(s3.prefix, wanted.source_namespace(namespace), wanted.instance)
-            observed = await asyncio.to_thread(archive.observe, s3_api, s3, prefix)
+            keyring = await storage_keyring(client, namespace, s3)
+            observed = await asyncio.to_thread(archive.observe, s3_api, s3, prefix, keyring)
         except StorageError as error:
             return error
         except (BotoCoreError, ClientError) as error:
@@ -232,9 +235,7 @@ class RestoreKind(JobKind):
                 assert plugin is not None
                 assert target is not None
                 assert view.storage is not None
-                await self.write_bootstrap_secret(
-                    client, plugin, target, view.storage.credentials_secret, action
-                )
+                await self.write_bootstrap_secret(client, plugin, target, view.storage, action)
             case StartJob():
                 assert plugin is not None
                 assert view.storage is not None
@@ -285,18 +286,24 @@ class RestoreKind(JobKind):
         client: AsyncClient,
         plugin: ServicePlugin,
         target: dict[str, Any],
-        credentials_secret: str,
+        storage: S3Spec,
         action: WriteBootstrapSecret,
     ) -> None:
         """What an instance's pods read to fetch a physical backup: the request and the storage's
-        keys, in a Secret owned by the instance. A new instance's pods wait until it exists."""
+        keys, in a Secret owned by the instance. A new instance's pods wait until it exists. A
+        storage that encrypts: its keys Secret's entries go in the request (REQUEST_FIELD), as
+        they are (a key missing is the pod's failure to report, naming it)."""
         meta = target["metadata"]
         name = f"{meta['name']}-{BOOTSTRAP_SECRET}"
         existing = await get_or_none(client, Secret, name, meta["namespace"])
         if existing is not None and not action.replace:
             return
-        keys = decoded(await get_or_none(client, Secret, credentials_secret, meta["namespace"]) or {})
-        data = {"request": json.dumps(action.request), **{k: keys.get(k, "") for k in CREDENTIAL_KEYS}}
+        keys = decoded(await get_or_none(client, Secret, storage.credentials_secret, meta["namespace"]) or {})
+        request = dict(action.request)
+        if storage.encryption is not None:
+            sealing = await get_or_none(client, Secret, storage.encryption.keys_secret, meta["namespace"])
+            request[REQUEST_FIELD] = decoded(sealing)
+        data = {"request": json.dumps(request), **{k: keys.get(k, "") for k in CREDENTIAL_KEYS}}
         if existing is not None:
             await client.patch(Secret, name, {"stringData": data}, namespace=meta["namespace"])
             return

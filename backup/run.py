@@ -10,6 +10,11 @@ is written, last. Restore: the manifest is read, every object is read once and c
 its sha256 before the driver applies anything, and checked again while it is applied. A restore
 that replaces an instance's data keeps that data aside until the restore and its check
 succeeded, and puts it back otherwise (or, if the Job was killed, in a `rollback` Job).
+
+A storage that encrypts (`spec.s3.encryption`): the keys come as STATEFLEET_BACKUP_KEY_<entry>
+(envFrom the keys Secret) or, in an instance's pods, in the bootstrap Secret's request; each
+piece is sealed before it is sent and opened once its stored bytes matched the manifest, which
+is authenticated before anything it lists is read (`backup.sealing`).
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ from backup.driver import (
     load_driver,
 )
 from backup.manifest import Manifest, ManifestObject, Piece, manifest_key, read_manifest
+from backup.sealing import REQUEST_FIELD, Keyring, keyring_of, open_sealed
 from backup.storage import (
     ChecksumMismatch,
     S3Spec,
@@ -98,12 +104,16 @@ class Progress:
 
 
 class S3Sink:
-    def __init__(self, client: Any, spec: S3Spec, location: str, progress: Progress) -> None:
+    def __init__(
+        self, client: Any, spec: S3Spec, location: str, progress: Progress, keyring: Keyring | None = None
+    ) -> None:
         self.client, self.spec, self.location, self.progress = client, spec, location, progress
+        self.keyring = keyring
         self.written: list[ManifestObject] = []
 
     def write_object(self, name: str, chunks: Iterator[bytes]) -> StoredObject:
-        upload = Upload(self.client, self.spec, object_key(self.location, name))
+        sealer = self.keyring.seal if self.keyring else None
+        upload = Upload(self.client, self.spec, object_key(self.location, name), sealer)
         try:
             for data in chunks:
                 upload.write(data)
@@ -120,12 +130,16 @@ class S3Sink:
         return stored
 
 
-def take_backup(request: dict[str, Any], client: Any, spec: S3Spec) -> dict[str, Any]:
+def take_backup(
+    request: dict[str, Any], client: Any, spec: S3Spec, keyring: Keyring | None = None
+) -> dict[str, Any]:
     started = now_text()
+    if keyring is not None:
+        keyring.sealing_key()  # a key missing fails the backup before anything is sent
     driver = load_driver(request["driver"])
     progress = Progress()
-    sink = S3Sink(client, spec, request["location"], progress)
-    archive = WalArchive(client, spec, request["archive"]) if request.get("archive") else None
+    sink = S3Sink(client, spec, request["location"], progress, keyring)
+    archive = WalArchive(client, spec, request["archive"], keyring) if request.get("archive") else None
     taken = driver.backup(request["method"], sink, archive)
     manifest = Manifest(
         namespace=request["backup"]["namespace"],
@@ -143,7 +157,7 @@ def take_backup(request: dict[str, Any], client: Any, spec: S3Spec) -> dict[str,
         instanceSpec=request.get("instanceSpec"),
     )
     key = manifest_key(request["location"])
-    put_bytes(client, spec, key, manifest.to_json())  # last: from now on the backup exists
+    put_bytes(client, spec, key, manifest.to_json(keyring, key))  # last: from now on the backup exists
     result: dict[str, Any] = {
         "manifest": key,
         "bytes": manifest.size,
@@ -157,11 +171,26 @@ def take_backup(request: dict[str, Any], client: Any, spec: S3Spec) -> dict[str,
     return result
 
 
-def checked_chunks(client: Any, spec: S3Spec, entry: ManifestObject, progress: Progress) -> Iterator[bytes]:
+def checked_chunks(
+    client: Any, spec: S3Spec, entry: ManifestObject, progress: Progress, keyring: Keyring | None = None
+) -> Iterator[bytes]:
     """The object's bytes, its pieces in order, each checked against the manifest as it ends
-    and the whole at the end."""
+    and the whole at the end. Sealed pieces (`keyring`) are read whole, checked, and only then
+    opened: nothing unauthenticated is handed on."""
     whole, total = hashlib.sha256(), 0
     for piece in entry.stored_pieces():
+        if keyring is not None:
+            stored = b"".join(read_chunks(client, spec, piece.key))
+            actual = hashlib.sha256(stored).hexdigest()
+            if actual != piece.sha256 or len(stored) != piece.size:
+                raise ChecksumMismatch(piece.key, piece.sha256, actual, len(stored))
+            data = open_sealed(keyring, piece.key, stored)
+            del stored
+            whole.update(data)
+            total += len(data)
+            progress.add(len(data), entry.name)
+            yield data
+            continue
         digest, size = hashlib.sha256(), 0
         for data in read_chunks(client, spec, piece.key):
             digest.update(data)
@@ -176,12 +205,14 @@ def checked_chunks(client: Any, spec: S3Spec, entry: ManifestObject, progress: P
         raise ChecksumMismatch(entry.key, entry.sha256, whole.hexdigest(), total)
 
 
-def restore(request: dict[str, Any], client: Any, spec: S3Spec) -> dict[str, Any]:
+def restore(
+    request: dict[str, Any], client: Any, spec: S3Spec, keyring: Keyring | None = None
+) -> dict[str, Any]:
     driver = load_driver(request["driver"])
     replace = request.get("replace")
     replacing = capability(driver, ReplacesOnline, "a restore over the instance's data") if replace else None
-    manifest = read_manifest(client, spec, request["location"])
-    source = verified_source(client, spec, manifest)  # before anything is applied
+    manifest = read_manifest(client, spec, request["location"], keyring)
+    source = verified_source(client, spec, manifest, keyring)  # before anything is applied
     try:
         if replacing:
             details = replacing.restore(manifest, source, replace)
@@ -204,7 +235,9 @@ def restore(request: dict[str, Any], client: Any, spec: S3Spec) -> dict[str, Any
     return {"bytes": manifest.size, "objects": len(manifest.objects), "details": details}
 
 
-def roll_back(request: dict[str, Any], client: Any, spec: S3Spec) -> dict[str, Any]:
+def roll_back(
+    request: dict[str, Any], client: Any, spec: S3Spec, keyring: Keyring | None = None
+) -> dict[str, Any]:
     """After a replacing restore's Job failed, perhaps without putting things back (killed):
     from what the instance recorded, not from the storage."""
     driver = capability(load_driver(request["driver"]), ReplacesOnline, "a rollback")
@@ -212,7 +245,9 @@ def roll_back(request: dict[str, Any], client: Any, spec: S3Spec) -> dict[str, A
     return {"bytes": 0, "objects": 0, "details": details}
 
 
-def check(request: dict[str, Any], client: Any, spec: S3Spec) -> dict[str, Any]:
+def check(
+    request: dict[str, Any], client: Any, spec: S3Spec, keyring: Keyring | None = None
+) -> dict[str, Any]:
     """An instance that started from a physical backup: is it that backup, does it read well."""
     driver = load_driver(request["driver"])
     in_place = (
@@ -220,7 +255,7 @@ def check(request: dict[str, Any], client: Any, spec: S3Spec) -> dict[str, Any]:
         if request.get("replace")
         else None
     )
-    manifest = read_manifest(client, spec, request["location"])
+    manifest = read_manifest(client, spec, request["location"], keyring)
     wanted = request.get("check") or {}
     details = {"check": driver.check(manifest, wanted.get("query"), wanted.get("database"))}
     if in_place:  # restored in place: what was kept aside goes once checked
@@ -230,36 +265,42 @@ def check(request: dict[str, Any], client: Any, spec: S3Spec) -> dict[str, Any]:
 
 def verify_objects(client: Any, spec: S3Spec, manifest: Manifest) -> None:
     """Reads every object the manifest lists; raises `ChecksumMismatch` at the first that is
-    not what it says."""
+    not what it says. (Sealed pieces are checked as stored: the manifest that lists their
+    sha256s was authenticated.)"""
     for entry in manifest.objects:
         for piece in entry.stored_pieces():
             verify(client, spec, piece.key, piece.sha256, piece.size)
         say("progress", {"verified": entry.name})
 
 
-def streamed_source(client: Any, spec: S3Spec, manifest: Manifest) -> Source:
+def streamed_source(client: Any, spec: S3Spec, manifest: Manifest, keyring: Keyring | None = None) -> Source:
     """The backup's objects' bytes, each checked against the manifest as it streams."""
     objects = {o.name: o for o in manifest.objects}
     progress = Progress()
-    return lambda name: checked_chunks(client, spec, objects[name], progress)
+    opening = keyring if manifest.sealing else None
+    return lambda name: checked_chunks(client, spec, objects[name], progress, opening)
 
 
-def verified_source(client: Any, spec: S3Spec, manifest: Manifest) -> Source:
+def verified_source(client: Any, spec: S3Spec, manifest: Manifest, keyring: Keyring | None = None) -> Source:
     """The backup's objects' bytes (checked again as they stream), once every object the
     manifest lists was read and matched its sha256."""
     verify_objects(client, spec, manifest)
-    return streamed_source(client, spec, manifest)
+    return streamed_source(client, spec, manifest, keyring)
 
 
-def verify_backup(request: dict[str, Any], client: Any, spec: S3Spec) -> dict[str, Any]:
+def verify_backup(
+    request: dict[str, Any], client: Any, spec: S3Spec, keyring: Keyring | None = None
+) -> dict[str, Any]:
     """Before an instance stops for a restore in place: is every object what the manifest says."""
-    manifest = read_manifest(client, spec, request["location"])
+    manifest = read_manifest(client, spec, request["location"], keyring)
     verify_objects(client, spec, manifest)
     details = {"method": manifest.method, "location": request["location"]}
     return {"bytes": manifest.size, "objects": len(manifest.objects), "details": details}
 
 
-def bootstrap(request: dict[str, Any], client: Any, spec: S3Spec) -> dict[str, Any]:
+def bootstrap(
+    request: dict[str, Any], client: Any, spec: S3Spec, keyring: Keyring | None = None
+) -> dict[str, Any]:
     """In a new instance's first pod (an init container): a physical backup becomes its data."""
     driver = load_driver(request["driver"])
     token = os.environ.get("RESTORE_TOKEN")
@@ -273,28 +314,28 @@ def bootstrap(request: dict[str, Any], client: Any, spec: S3Spec) -> dict[str, A
                     f"the instance's bootstrap Secret asks for restore {request.get('replace')}, "
                     f"the pod for {token}",
                 )
-            manifest = read_manifest(client, spec, request["location"])
+            manifest = read_manifest(client, spec, request["location"], keyring)
             if manifest.method != "physical":
                 raise StorageError("NotPhysical", f"a {manifest.method} backup is not restored by a pod")
             if request.get("verified"):
                 # A Job read every object before the instance stopped: the instance is down only
                 # for one pass, still checked as it streams (the old data stays aside meanwhile).
-                return manifest, streamed_source(client, spec, manifest)
-            return manifest, verified_source(client, spec, manifest)
+                return manifest, streamed_source(client, spec, manifest, keyring)
+            return manifest, verified_source(client, spec, manifest, keyring)
 
         return in_place.replace_in_place(os.environ["RESTORE_MODE"], token, fetch, request.get("pointInTime"))
     bootstrapping = capability(driver, BootstrapsPhysical, "a bootstrap")
     why_not = bootstrapping.bootstrap_wanted()
     if why_not:
         return {"skipped": why_not}
-    manifest = read_manifest(client, spec, request["location"])
+    manifest = read_manifest(client, spec, request["location"], keyring)
     if manifest.method != "physical":
         return {"skipped": f"a {manifest.method} backup is restored once the instance runs"}
     # One pass: the data is extracted aside on an empty volume and moved into place only once
     # every piece matched, so nothing is applied before the checksums are.
     try:
         return bootstrapping.bootstrap(
-            manifest, streamed_source(client, spec, manifest), request.get("pointInTime")
+            manifest, streamed_source(client, spec, manifest, keyring), request.get("pointInTime")
         )
     except (StorageError, BotoCoreError, ClientError, OSError, Stopped):
         raise
@@ -331,6 +372,7 @@ def main() -> int:
     spec = S3Spec.model_validate(request["storage"])
     try:
         client = s3_client(spec, os.environ["AWS_ACCESS_KEY_ID"], os.environ["AWS_SECRET_ACCESS_KEY"])
+        keyring = keyring_of(spec, os.environ, request.get(REQUEST_FIELD))
         actions = {
             "backup": take_backup,
             "restore": restore,
@@ -340,7 +382,7 @@ def main() -> int:
             "bootstrap": bootstrap,
         }
         started = time.monotonic()
-        result = actions[request["action"]](request, client, spec)
+        result = actions[request["action"]](request, client, spec, keyring)
         result["seconds"] = round(time.monotonic() - started, 3)
         result["peakMemoryBytes"] = peak_memory()
     except StorageError as error:

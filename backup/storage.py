@@ -12,7 +12,7 @@ import base64
 import collections
 import contextlib
 import hashlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -29,6 +29,28 @@ MiB = 1024 * 1024
 PIECE_SIZE = 16 * MiB  # an object is written as pieces of this size (`Upload`)
 IN_FLIGHT = 3  # pieces uploading while the next one fills
 CHUNK = 1 * MiB
+
+
+KEY_NAME_PATTERN = r"^[-._a-zA-Z0-9]+$"  # a Secret's key
+
+
+class EncryptionSpec(ApiModel):
+    keys_secret: str = Field(
+        min_length=1,
+        max_length=253,
+        description="A Secret in the same namespace whose entries are base64 32-byte keys (e.g. "
+        "`openssl rand -base64 32`). Every piece of a backup and every archived WAL file is sealed "
+        "(AES-256-GCM) with the entry named by `key` before it leaves the pod, and each manifest is "
+        "authenticated; the other entries still open the backups they sealed. The keys never leave "
+        "the namespace: without them no backup of this storage can be restored.",
+    )
+    key: str = Field(
+        min_length=1,
+        max_length=253,
+        pattern=KEY_NAME_PATTERN,
+        description="The entry of keysSecret that seals new backups and WAL. To rotate: add a new entry, "
+        "name it here, and keep the older entries as long as backups sealed with them are kept.",
+    )
 
 
 class S3Spec(ApiModel):
@@ -56,6 +78,12 @@ class S3Spec(ApiModel):
         le=64,
         description="Objects are stored as pieces of this many MiB (fewer objects with bigger ones; "
         "a backup Job holds up to four in memory).",
+    )
+    encryption: EncryptionSpec | None = Field(
+        default=None,
+        description="Client-side encryption: backups and WAL sealed with a key of a Secret before they "
+        "are sent, manifests authenticated; a backup tampered with, moved or swapped is refused before "
+        "anything is restored. Empty: stored as they are (serverSideEncryption aside).",
     )
 
 
@@ -149,6 +177,10 @@ def piece_key(key: str, number: int) -> str:
     return f"{key}.{number:06d}"
 
 
+# (the piece's S3 key, its content) -> what is stored: `backup.sealing.Keyring.seal`
+Sealer = Callable[[str, bytes], bytes]
+
+
 class Upload:
     """One object written as a stream of pieces: `write` as the bytes come, `finish` once,
     `abort` on failure. Each piece of `piece_size` bytes is a plain object of its own
@@ -157,10 +189,12 @@ class Upload:
     makes some S3 servers (file-system backed ones, the test bed's among them) copy every part
     into the final object, all of it at the very end of the backup; and an object is not
     limited to 10,000 parts. The whole stream's sha256 and each piece's are kept for the
-    manifest. A piece that failed stops the upload at the next piece, not at the end."""
+    manifest. A piece that failed stops the upload at the next piece, not at the end. With a
+    `sealer` each piece is sealed on its way: the pieces' sizes and sha256s are then the stored
+    ones', the whole object's those of its content."""
 
-    def __init__(self, client: Any, spec: S3Spec, key: str) -> None:
-        self.client, self.spec, self.key = client, spec, key
+    def __init__(self, client: Any, spec: S3Spec, key: str, sealer: Sealer | None = None) -> None:
+        self.client, self.spec, self.key, self.sealer = client, spec, key, sealer
         self.piece_size = spec.piece_size_mib * MiB
         self.buffer = bytearray()
         self.digest = hashlib.sha256()
@@ -176,9 +210,8 @@ class Upload:
         while len(self.buffer) >= self.piece_size:
             self._make_room()  # before the copy: memory stays at IN_FLIGHT + 1 pieces
             with memoryview(self.buffer) as view:
-                piece = bytes(view[: self.piece_size])
+                self._submit(bytes(view[: self.piece_size]))  # no name left holding it
             del self.buffer[: self.piece_size]
-            self._submit(piece)
 
     def _make_room(self) -> None:
         """Waits for the oldest piece while IN_FLIGHT are on their way; raises the failure of
@@ -191,9 +224,20 @@ class Upload:
 
     def _submit(self, piece: bytes) -> None:
         key = piece_key(self.key, len(self.pieces) + 1)
-        future = self.pool.submit(put_bytes, self.client, self.spec, key, piece)
+        if self.sealer is None:
+            future = self.pool.submit(put_bytes, self.client, self.spec, key, piece)
+        else:
+            future = self.pool.submit(self._put_sealed, key, [piece])
+            del piece
         self.pieces.append(future)
         self.in_flight.append(future)
+
+    def _put_sealed(self, key: str, box: list[bytes]) -> StoredObject:
+        """Sealed in the upload's thread; its content is let go once sealed (`box` holds the only
+        reference), so a piece is in memory twice only while it is being sealed."""
+        assert self.sealer is not None
+        sealed = self.sealer(key, box.pop())
+        return put_bytes(self.client, self.spec, key, sealed)
 
     def finish(self) -> StoredObject:
         try:

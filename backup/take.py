@@ -24,6 +24,7 @@ from backup.resources import (
     BackupStatus,
     JobKind,
     storage_client,
+    storage_keyring,
 )
 from backup.storage import StorageError, delete_prefix, explain
 from backup.take_plan import (
@@ -79,7 +80,8 @@ class BackupKind(JobKind):
             instance = await get_or_none(client, plugin.resource(), spec.service.name, namespace)
         if spec.import_from and starting and storage is not None:
             try:
-                imported = await asyncio.to_thread(read_manifest, s3_api, storage, spec.import_from)
+                keyring = await storage_keyring(client, namespace, storage)
+                imported = await asyncio.to_thread(read_manifest, s3_api, storage, spec.import_from, keyring)
             except StorageError as error:
                 import_error = error
             except ValueError as error:

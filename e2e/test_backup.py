@@ -1,7 +1,10 @@
 """Backups and restores on the test bed, against a real PostgreSQL and the test bed's real S3
 server: the issue's examples as written, identical data after a restore (checksummed table
 contents), physical backups with their WAL positions, and the faults a user meets (wrong
-credentials, a missing bucket or storage, a tampered object, deletion with its objects)."""
+credentials, a missing bucket or storage, a tampered object, deletion with its objects).
+Client-side encryption (`spec.s3.encryption`) runs in two of them: the plan's (physical
+backups, the WAL archive, restore tests replaying it, the import after a disaster) and the
+tampered backup's (no plaintext stored, forged and swapped manifests refused)."""
 
 from __future__ import annotations
 
@@ -30,6 +33,7 @@ from lightkube.types import CascadeType, PatchType
 from backup.plan import BackupPlanKind
 from backup.resources import BackupStorageKind
 from backup.restore import RestoreKind
+from backup.sealing import MAGIC, key_id
 from backup.take import BackupKind
 from e2e.kube import (
     REPO,
@@ -56,6 +60,8 @@ BackupStorage = BackupStorageKind.resource()
 Backup = BackupKind.resource()
 Restore = RestoreKind.resource()
 BackupPlan = BackupPlanKind.resource()
+# Sealing keys (`spec.s3.encryption`): made for this run, the same in every namespace it uses.
+KEYS = {"k1": base64.b64encode(os.urandom(32)).decode()}
 
 
 def storage(
@@ -66,8 +72,10 @@ def storage(
     secret_key: str | None = None,
     endpoint: str | None = None,
     access_key: str | None = None,
+    sealed_with: str | None = None,
 ) -> None:
-    """The issue's BackupStorage, with the test bed's endpoint and keys in a Secret."""
+    """The issue's BackupStorage, with the test bed's endpoint and keys in a Secret; with
+    `sealed_with`, encrypting with that entry of KEYS (in the Secret `<name>-keys`)."""
     settings = s3_settings()
     secret_name = f"{name}-creds"
     kube.create(
@@ -86,6 +94,9 @@ def storage(
         "prefix": "apps",
         "credentialsSecret": secret_name,
     }
+    if sealed_with:
+        kube.create(Secret(metadata=ObjectMeta(name=f"{name}-keys"), stringData=KEYS), namespace=namespace)
+        s3["encryption"] = {"keysSecret": f"{name}-keys", "key": sealed_with}
     apply(kube, BackupStorage, namespace, name, {"s3": s3})
 
 
@@ -138,9 +149,11 @@ def sql(kube: Client, namespace: str, instance: str, statement: str, database: s
         return row[0] if row else None
 
 
-def demo_with_storage(kube: Client, namespace: str, bucket: str, version: str, **spec: Any) -> None:
+def demo_with_storage(
+    kube: Client, namespace: str, bucket: str, version: str, sealed_with: str | None = None, **spec: Any
+) -> None:
     """The BackupStorage `s3` on `bucket`, and a ready one-instance Postgres `demo`."""
-    storage(kube, namespace, "s3", bucket)
+    storage(kube, namespace, "s3", bucket, sealed_with=sealed_with)
     create(kube, namespace, "demo", {"version": version, "storage": {"size": "2Gi"}, **spec})
     wait_ready(kube, namespace, "demo", 1)
 
@@ -175,6 +188,20 @@ def seed(kube: Client, namespace: str, instance: str) -> tuple[str, str]:
         sql(kube, namespace, instance, CHECKSUM, database="shop"),
         sql(kube, namespace, instance, "SELECT md5(string_agg(body, ',' ORDER BY id)) FROM notes"),
     )
+
+
+def sealed_objects(api: Any, bucket: str, prefix: str) -> dict[str, bytes]:
+    """Every object under `prefix/` but manifests and an archive's SYSTEM, checked sealed (by
+    the key KEYS["k1"], not readable as anything else). Returns them."""
+    found = {}
+    for page in api.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix + "/"):
+        for item in page.get("Contents") or []:
+            if not item["Key"].endswith(("/manifest.json", "/SYSTEM")):
+                found[item["Key"]] = api.get_object(Bucket=bucket, Key=item["Key"])["Body"].read()
+    assert found, f"nothing under {prefix}"
+    sealer = (MAGIC + key_id(base64.b64decode(KEYS["k1"])).encode()).decode()
+    assert {k: v[:20].decode(errors="replace") for k, v in found.items()} == dict.fromkeys(found, sealer)
+    return found
 
 
 def stored_key(manifest: dict[str, Any], name: str) -> str:
@@ -523,7 +550,7 @@ def test_a_tampered_backup_is_refused_before_anything_is_restored(
     kube: Client, namespace: str, operator: OperatorProcess, bucket: str
 ) -> None:
     demo_with_storage(kube, namespace, bucket, "15")
-    seed(kube, namespace, "demo")
+    orders, _ = seed(kube, namespace, "demo")
     apply(
         kube,
         Backup,
@@ -547,6 +574,58 @@ def test_a_tampered_backup_is_refused_before_anything_is_restored(
     # Nothing was applied: the new instance has neither the roles nor the databases.
     assert sql(kube, namespace, "copy", "SELECT count(*) FROM pg_database WHERE datname = 'shop'") == 0
     assert sql(kube, namespace, "copy", "SELECT count(*) FROM pg_roles WHERE rolname = 'shop_owner'") == 0
+
+    # The same instance backed up to a storage that encrypts: nothing of it in clear in S3.
+    # (The backup in clear above shows what would be seen: a dump's PGDMP header, the roles.)
+    clear = b"".join(
+        api.get_object(Bucket=bucket, Key=p["key"])["Body"].read()
+        for o in manifest["objects"]
+        for p in o["pieces"]
+    )
+    assert b"PGDMP" in clear
+    assert b"shop_owner" in clear
+    storage(kube, namespace, "sealed", bucket, sealed_with="k1")
+    wait_reason(kube, BackupStorage, namespace, "sealed", "Available")
+    service = {"kind": "Postgres", "name": "demo"}
+    apply(kube, Backup, namespace, "s", {"service": service, "storage": "sealed", "method": "logical"})
+    sealed = wait_phase(kube, Backup, namespace, "s", "Completed")
+    location = sealed["manifest"].rsplit("/", 1)[0]
+    stored = b"".join(sealed_objects(api, bucket, location).values())
+    assert b"PGDMP" not in stored
+    assert b"shop_owner" not in stored
+    signed = api.get_object(Bucket=bucket, Key=sealed["manifest"])["Body"].read()
+
+    def restore_over_copy(name: str) -> dict[str, Any]:
+        target = {"kind": "Postgres", "name": "copy", "replace": True}
+        apply(kube, Restore, namespace, name, {"backup": "s", "target": target})
+        return wait_phase(kube, Restore, namespace, name, "Failed", timeout=240)
+
+    # A piece replaced and its manifest entry rewritten to match (what someone without the
+    # keys can do): the manifest fails its authentication, and nothing is restored.
+    forged = json.loads(signed)
+    piece = forged["objects"][0]["pieces"][0]
+    body, original = b"-- nothing here\n", api.get_object(Bucket=bucket, Key=piece["key"])["Body"].read()
+    api.put_object(Bucket=bucket, Key=piece["key"], Body=body)
+    piece.update(size=len(body), sha256=hashlib.sha256(body).hexdigest())
+    api.put_object(Bucket=bucket, Key=sealed["manifest"], Body=json.dumps(forged).encode())
+    failed = restore_over_copy("forged")
+    assert failed["reason"] == "ManifestForged", failed["message"]
+    assert f"{sealed['manifest']} fails authentication" in failed["message"]
+    assert sql(kube, namespace, "copy", "SELECT count(*) FROM pg_database WHERE datname = 'shop'") == 0
+    # Another backup's manifest swapped in (the one in clear): refused, nothing restored.
+    api.put_object(Bucket=bucket, Key=sealed["manifest"], Body=json.dumps(manifest).encode())
+    failed = restore_over_copy("swapped")
+    assert failed["reason"] == "ManifestUnsigned", failed["message"]
+    assert sealed["manifest"] in failed["message"]
+    assert sql(kube, namespace, "copy", "SELECT count(*) FROM pg_database WHERE datname = 'shop'") == 0
+
+    # Put back as they were, the sealed backup restores: opened in the restore's Job.
+    api.put_object(Bucket=bucket, Key=piece["key"], Body=original)
+    api.put_object(Bucket=bucket, Key=sealed["manifest"], Body=signed)
+    target = {"kind": "Postgres", "name": "copy", "replace": True}
+    apply(kube, Restore, namespace, "opened", {"backup": "s", "target": target})
+    wait_phase(kube, Restore, namespace, "opened", "Completed", timeout=240)
+    assert sql(kube, namespace, "copy", CHECKSUM, database="shop") == orders
 
 
 def plan_backups(kube: Client, namespace: str, plan: str) -> dict[str, dict[str, Any]]:
@@ -575,8 +654,11 @@ def test_a_plan_backs_up_on_schedule_verifies_and_prunes(
     deleted_namespaces: DeletedNamespaces,
 ) -> None:
     # The instance archives its WAL to the plan's storage: retention covers the archive, and
-    # each restore test replays it from the backup to its newest point.
-    demo_with_storage(kube, namespace, bucket, "15", walArchive={"storage": "s3"})
+    # each restore test replays it from the backup to its newest point. The storage encrypts:
+    # every piece and WAL file is sealed in its pod, and opened by the pods that restore.
+    demo_with_storage(kube, namespace, bucket, "15", sealed_with="k1", walArchive={"storage": "s3"})
+    sealing = wait_reason(kube, BackupStorage, namespace, "s3", "Available")
+    assert f"sealing with key k1 ({key_id(base64.b64decode(KEYS['k1']))})" in sealing
     seed(kube, namespace, "demo")
     plan = {
         "service": {"kind": "Postgres", "name": "demo"},
@@ -605,6 +687,14 @@ def test_a_plan_backs_up_on_schedule_verifies_and_prunes(
     before = [name for name in wal_files(bucket, wal) if SEGMENT.match(name)]
     last = status(kube, BackupPlan, namespace, "demo-nightly")["lastVerification"]
     assert (last["backup"], last["result"]) == (first, "Passed")
+    # Nothing left its pod in clear: the base backup's pieces and every WAL file are sealed
+    # (zstd's own frames would start with 28 b5 2f fd), and the manifest is signed.
+    api = s3_api(s3_settings())
+    sealed_objects(api, bucket, backup["status"]["manifest"].rsplit("/", 1)[0])
+    sealed_objects(api, bucket, wal.rstrip("/"))
+    signed = json.loads(api.get_object(Bucket=bucket, Key=backup["status"]["manifest"])["Body"].read())
+    assert signed["sealing"] == {"keyId": key_id(base64.b64decode(KEYS["k1"])), "cipher": "AES-256-GCM"}
+    assert signed["authentication"].startswith("hmac-sha256:")
     # The throwaway instance is gone.
     wait_until(
         "the throwaway instance deleted",
@@ -618,7 +708,6 @@ def test_a_plan_backs_up_on_schedule_verifies_and_prunes(
     wait_until(
         "the first backup pruned", lambda: first not in plan_backups(kube, namespace, "demo-nightly"), 300, 2
     )
-    api = s3_api(s3_settings())
     wait_until(
         "its objects deleted",
         lambda: api.list_objects_v2(Bucket=bucket, Prefix=prefix).get("KeyCount", 0) == 0,
@@ -658,10 +747,10 @@ def test_a_plan_backs_up_on_schedule_verifies_and_prunes(
     assert f"{location}/manifest.json" in left
 
     # ...where a new namespace (a new cluster, after a disaster) finds them and restores one,
-    # from the bucket alone.
+    # from the bucket alone and the keys.
     elsewhere = new_namespace(kube, namespace_prefix(), "after-disaster")
     try:
-        storage(kube, elsewhere, "s3", bucket)
+        storage(kube, elsewhere, "s3", bucket, sealed_with="k1")
         found = statefleet("backups", "found", "--storage", "s3", "--import", "-n", elsewhere)
         assert found.returncode == 0, found.stderr
         assert location in found.stdout

@@ -13,7 +13,8 @@ from typing import Any
 from lightkube import AsyncClient, Client, codecs
 
 from backup.manifest import Manifest, found_locations, manifest_key, read_manifest
-from backup.resources import storage_client
+from backup.resources import storage_client, storage_keyring
+from backup.sealing import Keyring
 from backup.storage import S3Spec, StorageError
 from backup.take import BackupKind
 from framework.kube.meta import API_VERSION
@@ -46,10 +47,11 @@ def imported_backup(location: str, manifest: Manifest, storage: str, namespace: 
     }
 
 
-async def read_storage(namespace: str, storage: str) -> tuple[S3Spec, Any]:
+async def read_storage(namespace: str, storage: str) -> tuple[S3Spec, Any, Keyring | None]:
     client = AsyncClient()
     try:
-        return await storage_client(client, namespace, storage)
+        spec, s3 = await storage_client(client, namespace, storage)
+        return spec, s3, await storage_keyring(client, namespace, spec)  # manifests checked as a Job does
     finally:
         await client.close()
 
@@ -57,7 +59,7 @@ async def read_storage(namespace: str, storage: str) -> tuple[S3Spec, Any]:
 def run(args: argparse.Namespace, kube: Client) -> int:
     namespace = args.namespace or kube.namespace
     try:
-        spec, s3 = asyncio.run(read_storage(namespace, args.storage))
+        spec, s3, keyring = asyncio.run(read_storage(namespace, args.storage))
         locations = found_locations(s3, spec)
     except StorageError as error:
         print(f"backupstorage/{args.storage}: {error}", file=sys.stderr)
@@ -69,7 +71,7 @@ def run(args: argparse.Namespace, kube: Client) -> int:
     print(f"{'LOCATION':<60} {'KIND':<9} {'INSTANCE':<16} {'METHOD':<9} {'BYTES':>12} {'FINISHED':<21} HERE")
     for done, location in enumerate(locations, 1):
         try:
-            manifest = read_manifest(s3, spec, location)
+            manifest = read_manifest(s3, spec, location, keyring)
         except (StorageError, ValueError) as error:
             print(f"{location:<60} unreadable: {error}")
             continue

@@ -380,7 +380,7 @@ def check_archived(archive: WalArchive, position: PhysicalPosition, history: str
         key = wal_key(archive.prefix, name)
         while True:
             try:
-                data = read_wal(archive.client, archive.storage.bucket, key)
+                data = read_wal(archive.client, archive.storage.bucket, key, archive.keyring)
                 break
             except ClientError as error:
                 if error.response.get("Error", {}).get("Code") not in ("NoSuchKey", "404"):

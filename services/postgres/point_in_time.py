@@ -18,6 +18,7 @@ from typing import Any
 import zstandard
 
 from backup.point_in_time import Archive, BaseBackup, Reach, Unreachable
+from backup.sealing import Keyring, open_sealed, refuse_sealed
 from backup.storage import S3Spec, delete_keys
 from framework.kube import conditions
 from framework.spec import RecoveryTarget
@@ -215,10 +216,16 @@ class WalDamaged(Exception):
     """An archived WAL file whose content is not what the archiver stored."""
 
 
-def read_wal(s3_api: Any, bucket: str, key: str) -> bytes:
-    """An archived WAL file, decompressed and checked against the sha256 it was stored with."""
+def read_wal(s3_api: Any, bucket: str, key: str, keyring: Keyring | None = None) -> bytes:
+    """An archived WAL file, opened (a storage that encrypts: `keyring`; then nothing unsealed
+    is taken), decompressed and checked against the sha256 it was stored with."""
     response = s3_api.get_object(Bucket=bucket, Key=key)
-    data = zstandard.ZstdDecompressor().decompressobj().decompress(response["Body"].read())
+    body = response["Body"].read()
+    if keyring is not None:
+        body = open_sealed(keyring, key, body)
+    else:
+        refuse_sealed(key, body)
+    data = zstandard.ZstdDecompressor().decompressobj().decompress(body)
     expected = (response.get("Metadata") or {}).get("wal-sha256")
     if expected and hashlib.sha256(data).hexdigest() != expected:
         raise WalDamaged(f"{key}: the sha256 of its WAL is not the one it was stored with")
@@ -240,10 +247,10 @@ class PostgresArchive(Archive):
             return f"{CONDITION} {found.get('status')} {found.get('reason')}: {found.get('message')}"
         return None
 
-    def observe(self, s3_api: Any, s3: S3Spec, prefix: str) -> ArchiveListing:
+    def observe(self, s3_api: Any, s3: S3Spec, prefix: str, keyring: Keyring | None = None) -> ArchiveListing:
         found = list_archive(s3_api, s3, prefix)
         histories = {
-            int(name[:8], 16): read_wal(s3_api, s3.bucket, key).decode()
+            int(name[:8], 16): read_wal(s3_api, s3.bucket, key, keyring).decode()
             for name, (key, _) in found.items()
             if HISTORY.match(name)
         }

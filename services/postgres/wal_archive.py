@@ -198,6 +198,7 @@ def archiver_context(
         "settings": None,
         "error": None,
         "credentials_secret": None,
+        "keys_secret": None,  # the storage encrypts: its sealing keys, as a volume
         "hold": hold,
     }
     if storage is None:
@@ -213,7 +214,11 @@ def archiver_context(
         "prefix": archive_prefix(s3.prefix, namespace, instance),
         "parallel": spec.parallel,
     }
-    context.update(settings=json.dumps(settings, sort_keys=True), credentials_secret=s3.credentials_secret)
+    context.update(
+        settings=json.dumps(settings, sort_keys=True),
+        credentials_secret=s3.credentials_secret,
+        keys_secret=s3.encryption.keys_secret if s3.encryption else None,
+    )
     return context
 
 

@@ -10,7 +10,9 @@ server's last checkpoint left ready.
 Configuration: PGDATA; POD_NAME; STATEFLEET_WAL_ARCHIVE (JSON: `s3`, the BackupStorage's
 settings, `prefix`, `parallel`) or STATEFLEET_WAL_ERROR (why it cannot archive, e.g. the
 storage does not exist); the storage's keys as files in CREDENTIALS (a Secret volume, so new
-keys reach a running archiver); the ConfigMap's `wal-archive-hold` under STATEFLEET_CONFIG,
+keys reach a running archiver); with `s3.encryption`, the sealing keys as files in KEYS (the
+keys Secret's volume, read for each file as the credentials are) and each file sealed with the
+entry `s3.encryption.key` names; the ConfigMap's `wal-archive-hold` under STATEFLEET_CONFIG,
 read every second (non-empty: nothing is stored, see `wal_archive.archive_hold`). It answers
 `GET /status` (JSON, `ArchiverReport`) and `GET /metrics` (Prometheus) on ARCHIVER_PORT.
 """
@@ -34,6 +36,7 @@ import zstandard
 from botocore.exceptions import BotoCoreError, ClientError
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
+from backup.sealing import Keyring, secret_source
 from backup.storage import CREDENTIAL_KEYS, S3Spec, StorageError, explain, put_bytes, s3_client
 from framework.kube.times import now_text
 from services.postgres.wal_archive import (
@@ -49,6 +52,7 @@ from services.postgres.wal_archive import (
 )
 
 CREDENTIALS = Path(os.environ.get("STATEFLEET_WAL_CREDENTIALS", "/etc/statefleet-wal-credentials"))
+KEYS = Path(os.environ.get("STATEFLEET_WAL_KEYS", "/etc/statefleet-wal-keys"))
 HOLD = Path(os.environ.get("STATEFLEET_CONFIG", "/etc/statefleet")) / HOLD_KEY  # the ConfigMap's key
 POLL = 0.05  # seconds between looks at archive_status: a segment's wait before its upload starts
 RETRY_MAX = 30.0  # seconds: failures are retried sooner at first, then every RETRY_MAX
@@ -208,9 +212,18 @@ class Archiver:
             return 0, 0
         data = self._read(name)
         body = zstandard.ZstdCompressor(level=COMPRESSION_LEVEL).compress(data)
+        if self.spec.encryption is not None:  # compressed first: sealed bytes do not compress
+            body = self._keyring().seal(key, body)
         metadata = {"wal-sha256": hashlib.sha256(data).hexdigest(), "wal-size": str(len(data))}
         put_bytes(client, self.spec, key, body, metadata=metadata)
         return len(data), len(body)
+
+    def _keyring(self) -> Keyring:
+        """The sealing keys the Secret holds now (read for each file, as the credentials: a key
+        added and named reaches the archiver with the kubelet's update of the volume)."""
+        assert self.spec is not None
+        assert self.spec.encryption is not None
+        return Keyring.from_directory(KEYS, self.spec.encryption.key, secret_source(self.spec.encryption))
 
     def _read(self, name: str) -> bytes:
         try:

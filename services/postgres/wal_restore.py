@@ -14,7 +14,9 @@ Once recovery ended (start.sh removes the recovery mark) and at every later star
 it has nothing to do and idles as a shell waiting for its signal to stop.
 
 Configuration: PGDATA; POD_NAME; STATEFLEET_BACKUP_REQUEST (the bootstrap Secret's request:
-`storage`, `pointInTime.archive`); AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY.
+`storage`, `pointInTime.archive`, and the storage's sealing keys when it encrypts: every file
+is then opened, and one that does not open is never handed to the server);
+AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from backup.sealing import REQUEST_FIELD, keyring_of
 from backup.storage import S3Spec, s3_client
 from services.postgres.backup_driver import RECOVERY_MARK
 from services.postgres.point_in_time import RESTORE_SPOOL, list_archive, read_wal
@@ -51,6 +54,7 @@ class Restorer:
         archive = str(request["pointInTime"]["archive"])
         self.prefix = archive.removeprefix(f"s3://{self.spec.bucket}/")
         self.client = s3_client(self.spec, *keys)
+        self.keyring = keyring_of(self.spec, os.environ, request.get(REQUEST_FIELD))
         self.listing: dict[str, str] = {}
         self.listed_at = 0.0
         self.starts: list[tuple[int, int]] = [(1, 0)]
@@ -75,7 +79,7 @@ class Restorer:
         self.starts = timeline_starts(newest, text)
 
     def fetch_bytes(self, name: str) -> bytes:
-        return read_wal(self.client, self.spec.bucket, self.listing[name])
+        return read_wal(self.client, self.spec.bucket, self.listing[name], self.keyring)
 
     def fetch(self, name: str) -> None:
         data = self.fetch_bytes(name)

@@ -360,3 +360,26 @@ def test_each_pod_is_labelled_with_the_hold_so_that_its_kubelet_updates_it_at_on
     }
     kept = labels()  # the Restore done: its request gone
     assert {found["statefleet.dev/wal-archive"] for found in kept.values()} == {"archiving"}
+
+
+def test_a_storage_that_encrypts_gives_the_archiver_its_keys_as_a_volume_and_names_the_current_one() -> None:
+    sealed = {
+        "spec": {"s3": {**STORAGE["spec"]["s3"], "encryption": {"keysSecret": "wal-keys", "key": "k2"}}}
+    }
+    planned = plan(PLUGIN, observed(SPEC, references={"walStorage": sealed}), CATALOG, "uid-1")
+    spec = pod_spec(planned)
+    archiver = next(c for c in spec["initContainers"] if c["name"] == "wal-archiver")
+    env = {e["name"]: e.get("value") for e in archiver["env"]}
+    # The current key's name is in the settings: pointing it at another entry reaches the archivers.
+    assert json.loads(env["STATEFLEET_WAL_ARCHIVE"])["s3"]["encryption"] == {
+        "keysSecret": "wal-keys",
+        "key": "k2",
+    }
+    assert not any(name.startswith("STATEFLEET_BACKUP_KEY") for name in env)  # files, not variables
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    assert volumes["wal-keys"]["secret"] == {"secretName": "wal-keys", "defaultMode": 288, "optional": True}
+    assert {"name": "wal-keys", "mountPath": "/etc/statefleet-wal-keys", "readOnly": True} in archiver[
+        "volumeMounts"
+    ]
+    plain = pod_spec(plan(PLUGIN, observed(SPEC, references={"walStorage": STORAGE}), CATALOG, "uid-1"))
+    assert "wal-keys" not in {v["name"] for v in plain["volumes"]}
