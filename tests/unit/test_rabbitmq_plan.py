@@ -78,13 +78,15 @@ def test_renders_a_cluster_that_forms_on_its_headless_service() -> None:
         "prometheus": 15692,
     }
     config = children[("ConfigMap", "events-config")]["data"]["rabbitmq.conf"]
-    assert "listeners.ssl.default = 5671" in config and "management.ssl.port = 15671" in config
+    assert "listeners.ssl.default = 5671" in config
+    assert "management.ssl.port = 15671" in config
     assert "listeners.tcp.default = 5672" in config
     # TLS required: the plaintext listeners are off, and nothing routes to them.
     required = by_kind(plan(PLUGIN, observed({**SPEC, "tls": {"required": True}}), CATALOG, "uid-1").children)
     config = required[("ConfigMap", "events-config")]["data"]["rabbitmq.conf"]
     assert "listeners.tcp = none" in config
-    assert "5672" not in config and "15672" not in config
+    assert "5672" not in config
+    assert "15672" not in config
     ports = {p["name"] for p in required[("Service", "events")]["spec"]["ports"]}
     assert ports == {"amqps", "management-tls", "prometheus"}
     assert children[("Service", "events-nodes")]["spec"]["clusterIP"] == "None"
