@@ -53,6 +53,15 @@ CHILD_RESOURCES = {
 }
 
 
+def rotation_moved(before: dict[str, Any], after: dict[str, Any]) -> bool:
+    """A credentials rotation went a step further on this pass and is not done yet."""
+    was, now = before.get(credentials.STATUS_FIELD) or {}, after.get(credentials.STATUS_FIELD) or {}
+    return credentials.under_way(now) and (was.get("phase"), was.get("requested")) != (
+        now.get("phase"),
+        now.get("requested"),
+    )
+
+
 class InstanceController:
     """The controller of every service instance (of every plugin's kind): observe, plan
     (`framework.instance_plan`), execute."""
@@ -348,6 +357,10 @@ class InstanceController:
             )
             try:
                 await self.execute(plugin, body, planned, observed)
+                if rotation_moved(observed.status, planned.status):
+                    # The next step at once: between the servers taking the new passwords and
+                    # the Secrets holding them, a login with the Secret's password fails.
+                    self.queue.soon(key, delay=0)
             finally:
                 self._inspect_later(
                     plugin, key, replace(observed, status=planned.status), planned.operations.inspect_in

@@ -26,7 +26,7 @@ from framework.credentials import (
     staged_in,
     under_way,
 )
-from framework.instance_controller import InstanceController
+from framework.instance_controller import InstanceController, rotation_moved
 from framework.kube.secrets import Passwords
 
 pytestmark = pytest.mark.unit
@@ -311,3 +311,16 @@ def test_logins_try_the_current_password_then_the_next_and_read_the_secret_again
 
 def test_the_framework_names_its_fields_for_every_service() -> None:
     assert (credentials.SPEC_FIELD, credentials.STATUS_FIELD) == ("rotateCredentials", "credentialsRotation")
+
+
+def test_a_pass_that_moved_the_rotation_on_is_followed_at_once_by_the_next() -> None:
+    """The window in which the servers take only the new passwords while the Secrets still say
+    the old ones is one pass long, not one probe interval."""
+    staged = {"credentialsRotation": {"requested": "r1", "phase": STAGED}}
+    applied = {"credentialsRotation": {"requested": "r1", "phase": APPLIED}}
+    rotated = {"credentialsRotation": {"requested": "r1", "phase": ROTATED}}
+    assert rotation_moved({}, staged)
+    assert rotation_moved(staged, applied)
+    assert not rotation_moved(applied, rotated)  # done
+    assert not rotation_moved(staged, staged)  # waiting: on the plugin's own cadence
+    assert not rotation_moved({}, {})
