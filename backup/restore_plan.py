@@ -459,7 +459,9 @@ class RestorePlanner:
             )
         backup_status = view.backup["status"]
         method = backup_status.get("method") or "logical"
-        recorded = {k: v for k, v in (backup_status.get("instanceSpec") or {}).items() if k != "switchover"}
+        # What the source instance was asked to do once (a switchover, a rotation) is not asked again.
+        one_shot = self.plugin.one_shot_fields()
+        recorded = {k: v for k, v in (backup_status.get("instanceSpec") or {}).items() if k not in one_shot}
         try:
             target_spec = backups_of(self.plugin).restored_spec(
                 {**recorded, **spec.target.spec}, backup_status.get("version") or "", method

@@ -338,6 +338,118 @@ def test_a_parameter_rollout_updates_the_standbys_first_and_the_primary_last(
     assert pause < 30
 
 
+def password_in(kube: Client, namespace: str, secret: str) -> tuple[str, dict[str, str]]:
+    """A generated Secret's password, and its other entries (decoded)."""
+    data = {
+        k: base64.b64decode(v).decode()
+        for k, v in (kube.get(Secret, secret, namespace=namespace).data or {}).items()
+    }
+    return data["password"], data
+
+
+def logs_in(host: str, user: str, password: str, replication: bool = False) -> bool:
+    """Whether the server at `host` takes that login (a replication connection: as a standby's
+    WAL receiver makes it); False when it refuses the password."""
+    conninfo = psycopg.conninfo.make_conninfo(
+        host=host,
+        user=user,
+        password=password,
+        dbname="replication" if replication else "postgres",
+        connect_timeout=5,
+        **({"replication": "true"} if replication else {}),
+    )
+    connection = psycopg.pq.PGconn.connect(conninfo.encode())  # no query: a replication connection
+    try:
+        if connection.status == psycopg.pq.ConnStatus.OK:
+            return True
+        message = connection.error_message.decode()
+        assert "password authentication failed" in message, message
+        return False
+    finally:
+        connection.finish()
+
+
+def test_credentials_rotated_without_downtime_while_a_client_writes(
+    kube: Client, namespace: str, cluster: str
+) -> None:
+    """`statefleet pg rotate-credentials`: the superuser's and the replication role's passwords
+    replaced while a client commits through `demo-rw` all along and a session opened before goes
+    on; the standbys keep streaming on the connections they had (a WAL sender is not asked to
+    log in again), every pod's passfile holds the new password, the old ones are refused
+    everywhere, and a standby whose pod is deleted afterwards streams again."""
+    old_superuser, _ = password_in(kube, namespace, "demo-superuser")
+    old_replication, _ = password_in(kube, namespace, "demo-replication")
+    senders = (
+        "select string_agg(application_name || '/' || pid || '/' || backend_start, ',' order by pid) "
+        "from pg_stat_replication where state = 'streaming'"
+    )
+    streaming_before = query(kube, namespace, "demo-rw", senders)
+    execute(kube, namespace, "demo-rw", "create table ticks(value bigint primary key)")
+    since = this_second()
+    with connect(kube, namespace, "demo-rw", "demo-superuser") as session:  # opened before
+        writer = Writer(kube, namespace)
+        writer.start()
+        started = time.monotonic()
+        try:
+            done = statefleet("pg", "rotate-credentials", "demo", "-n", namespace, "--timeout", "180")
+            assert done.returncode == 0, done.stdout + done.stderr
+            assert "postgres/demo: rotated" in done.stdout, done.stdout
+            took = time.monotonic() - started
+            time.sleep(1)  # and a moment after
+            pause = writer.longest_pause(started)
+            committed = len(writer.acknowledged)
+        finally:
+            writer.stop()
+        assert session.execute("select count(*) from orders").fetchone() == (100,)
+    print(f"credentials rotated in {took:.1f} s: {committed} commits, longest write pause {pause:.1f} s")
+    assert pause < 2, f"no commit for {pause:.1f} s during the rotation"
+
+    rotation = status_of(kube, namespace)["credentialsRotation"]
+    assert rotation["phase"] == "Rotated"
+    assert events(kube, namespace, "CredentialsRotated", since)
+    new_superuser, superuser = password_in(kube, namespace, "demo-superuser")
+    new_replication, replication = password_in(kube, namespace, "demo-replication")
+    assert "next-password" not in superuser
+    assert "next-password" not in replication
+    assert new_superuser != old_superuser
+    assert new_replication != old_replication
+    for pod in ("demo-0", "demo-1", "demo-2"):
+        ip = kube.get(Pod, pod, namespace=namespace).status.podIP
+        assert logs_in(ip, "postgres", new_superuser), pod
+        assert not logs_in(ip, "postgres", old_superuser), pod
+        assert not logs_in(ip, "streaming_replica", old_replication, replication=True), pod
+        with psycopg.connect(host=ip, user="postgres", password=new_superuser, dbname="postgres") as conn:
+            passfile = conn.execute("select pg_read_file('/var/run/postgresql/statefleet.pgpass')").fetchone()
+        assert f"*:*:*:streaming_replica:{new_replication}\n" in passfile[0], pod
+    primary = status_of(kube, namespace)["currentPrimary"]
+    primary_ip = kube.get(Pod, primary, namespace=namespace).status.podIP
+    assert logs_in(primary_ip, "streaming_replica", new_replication, replication=True)
+    # The same WAL senders as before: nothing was restarted.
+    assert query(kube, namespace, "demo-rw", senders) == streaming_before
+
+    # A standby made again after the rotation: its new container starts with the Secrets' new
+    # passwords, clones or rewinds, and streams.
+    standby = next(pod for pod in ("demo-0", "demo-1", "demo-2") if pod != primary)
+    uid = kube.get(Pod, standby, namespace=namespace).metadata.uid
+    kube.delete(Pod, standby, namespace=namespace)
+    wait_until(
+        f"{standby} made again",
+        lambda: (p := get_pod(kube, namespace, standby)) is not None and p.metadata.uid != uid,
+        timeout=60,
+    )
+    wait_whole(kube, namespace)
+    assert rows(kube, namespace) == 100
+
+
+def get_pod(kube: Client, namespace: str, name: str) -> Pod | None:
+    try:
+        return kube.get(Pod, name, namespace=namespace)
+    except ApiError as error:
+        if error.status.code == 404:
+            return None
+        raise
+
+
 def test_switchover_on_request_and_scaling_down_never_removes_the_primary(
     kube: Client, namespace: str, cluster: str
 ) -> None:

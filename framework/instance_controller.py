@@ -8,6 +8,7 @@ never overlap; requests that arrive during one are folded into a single rerun.
 from __future__ import annotations
 
 import asyncio
+import base64
 import copy
 import logging
 import time
@@ -24,6 +25,7 @@ from lightkube.resources.core_v1 import ConfigMap, Pod, Secret, Service
 from lightkube.resources.policy_v1 import PodDisruptionBudget
 from lightkube.types import PatchType
 
+from framework import credentials
 from framework.catalog import Catalog
 from framework.certificates import CERT_MANAGER, choose_tls_provider
 from framework.instance_plan import Plan, plan
@@ -32,8 +34,9 @@ from framework.kube.api import EventNote, about, get_or_none, not_found, pods_re
 from framework.kube.meta import GROUP, LABEL_INSTANCE, LABEL_MANAGED_BY, LABEL_NAME, MANAGER, VERSION
 from framework.kube.queue import WorkQueue
 from framework.kube.runtime import StaleStatus, StatusWriter, resync_forever
+from framework.kube.secrets import NEXT_PASSWORD, PASSWORD
 from framework.kube.status import decides
-from framework.plugin import TLS_CA, TLS_SERVER, Inspection, Observed, ServicePlugin
+from framework.plugin import TLS_CA, TLS_SERVER, Inspection, Observed, ServicePlugin, random_text
 from framework.rollout.controller import Rollout, RolloutController
 
 log = logging.getLogger("statefleet")
@@ -48,6 +51,15 @@ CHILD_RESOURCES = {
     "StatefulSet": StatefulSet,
     "StatefulsetRollout": Rollout,
 }
+
+
+def rotation_moved(before: dict[str, Any], after: dict[str, Any]) -> bool:
+    """A credentials rotation went a step further on this pass and is not done yet."""
+    was, now = before.get(credentials.STATUS_FIELD) or {}, after.get(credentials.STATUS_FIELD) or {}
+    return credentials.under_way(now) and (was.get("phase"), was.get("requested")) != (
+        now.get("phase"),
+        now.get("requested"),
+    )
 
 
 class InstanceController:
@@ -98,16 +110,20 @@ class InstanceController:
     async def observe(self, plugin: ServicePlugin, body: dict[str, Any], thorough: bool) -> Observed:
         """The resource's children, as the watches last delivered them (no request).
 
-        Generated Secrets are read only on `thorough` passes (the periodic resync): before the
-        first apply they are simply created (a conflict means they exist), and once made they
-        are never remade, so a status that records an apply means they exist; a deleted one is
-        recreated by the next resync."""
+        Generated Secrets are read only on `thorough` passes (the periodic resync), and on every
+        pass while a credentials rotation is asked for or under way (`framework.credentials`):
+        before the first apply they are simply created (a conflict means they exist), and once
+        made they are never remade, so a status that records an apply means they exist; a deleted
+        one is recreated by the next resync."""
         name, namespace = body["metadata"]["name"], body["metadata"]["namespace"]
         statefulset, pods = self.rollouts.children((namespace, name))
         secrets: dict[str, dict[str, Any]] = {}
         applied_before = bool((body.get("status") or {}).get("childrenHash"))
+        rotating = plugin.rotation is not None and credentials.pending(
+            body.get("spec") or {}, body.get("status") or {}
+        )
         for generated in plugin.generated_secrets:
-            if not thorough:
+            if not thorough and not rotating:
                 if applied_before:
                     secrets[generated.suffix] = {}  # exists: made by the pass that applied the children
                 continue
@@ -209,7 +225,12 @@ class InstanceController:
         await self._label_pods(observed, planned.operations.pod_labels)
         for action in planned.operations.actions:
             log.info("%s", action, extra=about(plugin.kind, observed.namespace, observed.name))
-            await plugin.perform(self.client, observed, action)
+            if isinstance(action, credentials.StageCredentials):
+                await self._stage_credentials(observed.namespace, action)
+            elif isinstance(action, credentials.SwapCredentials):
+                await self._swap_credentials(observed.namespace, action)
+            else:
+                await plugin.perform(self.client, observed, action)
         await self._apply_tls_resources(plugin, body, planned)
         # What the actions did (or that cert-manager refused) is recorded after them.
         if not await self._write_status(
@@ -218,6 +239,33 @@ class InstanceController:
             return
         for note in planned.events:
             await post_event(self.client, plugin.kind, body, note)
+
+    async def _stage_credentials(self, namespace: str, action: credentials.StageCredentials) -> None:
+        """A new `next-password` in each Secret without one (one staged already is kept: the
+        servers may take it). Written over the version read: of two writers, one stages."""
+        for name in action.secrets:
+            secret = (await self.client.get(Secret, name, namespace=namespace)).to_dict()
+            if NEXT_PASSWORD in (secret.get("data") or {}):
+                continue
+            staged = base64.b64encode(random_text(action.length).encode()).decode()
+            change = {
+                "metadata": {"resourceVersion": secret["metadata"]["resourceVersion"]},
+                "data": {NEXT_PASSWORD: staged},
+            }
+            await self.client.patch(Secret, name, change, namespace=namespace, patch_type=PatchType.MERGE)
+
+    async def _swap_credentials(self, namespace: str, action: credentials.SwapCredentials) -> None:
+        """Each Secret's `next-password` becomes its `password` (one without is swapped already)."""
+        for name in action.secrets:
+            secret = (await self.client.get(Secret, name, namespace=namespace)).to_dict()
+            staged = (secret.get("data") or {}).get(NEXT_PASSWORD)
+            if not staged:
+                continue
+            change = {
+                "metadata": {"resourceVersion": secret["metadata"]["resourceVersion"]},
+                "data": {PASSWORD: staged, NEXT_PASSWORD: None},
+            }
+            await self.client.patch(Secret, name, change, namespace=namespace, patch_type=PatchType.MERGE)
 
     async def _write_status(
         self,
@@ -309,6 +357,10 @@ class InstanceController:
             )
             try:
                 await self.execute(plugin, body, planned, observed)
+                if rotation_moved(observed.status, planned.status):
+                    # The next step at once: between the servers taking the new passwords and
+                    # the Secrets holding them, a login with the Secret's password fails.
+                    self.queue.soon(key, delay=0)
             finally:
                 self._inspect_later(
                     plugin, key, replace(observed, status=planned.status), planned.operations.inspect_in

@@ -16,6 +16,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from framework import credentials
 from framework.catalog import Catalog, ResolvedVersion, VersionRefused, resolve
 from framework.certificates import (
     CERT_MANAGER,
@@ -42,6 +43,7 @@ from framework.plugin import (
     TLS_SERVER,
     Observed,
     Operations,
+    Rotation,
     ServicePlugin,
     ServiceStatus,
     UnknownAction,
@@ -115,6 +117,8 @@ def plan(
     for action in operations.actions:
         if not isinstance(action, plugin.actions):
             raise UnknownAction(plugin, action)
+    if plugin.rotation is not None:
+        rotate(plugin, plugin.rotation, observed, operations, now)
     if service.refusal:
         return _invalid(observed, service.refusal.reason, service.refusal.message, operations)
     assert service.reading is not None, f"{plugin.kind}'s plan has neither a reading nor a refusal"
@@ -182,6 +186,35 @@ def plan(
         operations=operations,
         tls_resources=tls.resources,
     )
+
+
+def rotate(
+    plugin: ServicePlugin, rotation: Rotation, observed: Observed, operations: Operations, now: float
+) -> None:
+    """The credentials rotation's step (`framework.credentials`), added to the plugin's operations:
+    its actions after the plugin's own, in order (stage, the plugin's apply, swap)."""
+    suffixes = tuple(secret.suffix for secret in rotation.secrets)
+    step = credentials.plan_rotation(
+        observed.spec.get(credentials.SPEC_FIELD),
+        observed.status.get(credentials.STATUS_FIELD),
+        credentials.staged_in(observed.secrets, suffixes),
+        format_time(now),
+        waiting=rotation.waiting(observed),
+        fresh=not observed.status.get("childrenHash"),
+    )
+    names = tuple(secret.name(observed.name) for secret in rotation.secrets)
+    if step.stage:
+        operations.actions.append(credentials.StageCredentials(names))
+    if step.apply:
+        action = rotation.apply(observed)
+        if not isinstance(action, plugin.actions):
+            raise UnknownAction(plugin, action)
+        operations.actions.append(action)
+    if step.swap:
+        operations.actions.append(credentials.SwapCredentials(names))
+    if step.status is not None:
+        operations.status[credentials.STATUS_FIELD] = step.status
+    operations.events.extend(step.events)
 
 
 @dataclass

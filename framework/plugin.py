@@ -24,6 +24,7 @@ from lightkube import AsyncClient
 from lightkube.generic_resource import create_namespaced_resource
 from pydantic import BaseModel, Field
 
+from framework import credentials
 from framework.catalog import ResolvedVersion, ServiceCatalog
 from framework.kube import conditions, crd
 from framework.kube.api import EventNote
@@ -43,6 +44,12 @@ from framework.rollout.hooks import InProcess
 TLS_CA, TLS_SERVER = "ca", "tls"  # suffixes of the Secrets of an instance's TLS
 
 
+def random_text(length: int) -> str:
+    """A random password of ASCII letters and digits (nothing a passfile, a URI or SASLprep changes)."""
+    alphabet = string.ascii_letters + string.digits
+    return "".join(secrets.choice(alphabet) for _ in range(length))
+
+
 @dataclass(frozen=True)
 class GeneratedSecret:
     """A Secret the framework creates once and never regenerates (credentials)."""
@@ -60,11 +67,7 @@ class GeneratedSecret:
         return {"name": variable, "valueFrom": {"secretKeyRef": {"name": self.name(resource), "key": key}}}
 
     def initial_data(self) -> dict[str, str]:
-        alphabet = string.ascii_letters + string.digits
-        generated = {
-            key: "".join(secrets.choice(alphabet) for _ in range(self.length)) for key in self.random
-        }
-        return {**self.fixed, **generated}
+        return {**self.fixed, **{key: random_text(self.length) for key in self.random}}
 
 
 @dataclass(frozen=True)
@@ -164,6 +167,15 @@ class InstanceStatus(StatusModel):
         default=None, description="the operator image its init containers run, kept from its creation"
     )
     tls: TlsStatus | None = Field(default=None, description="the server certificate (TLS in transit)")
+
+
+class RotationStatus(StatusModel):
+    """The status field of an instance whose plugin has the `Rotation` capability."""
+
+    credentials_rotation: credentials.CredentialsRotationStatus | None = Field(
+        default=None,
+        description="the last credentials rotation (spec.rotateCredentials), or the one under way",
+    )
 
 
 INVALID_SPEC = "InvalidSpec"  # the spec cannot be served: nothing is applied, nothing operated
@@ -275,6 +287,28 @@ class Backups(ABC):
         return self.bootstrap_methods if self.restores_in_place else ()
 
 
+class Rotation(ABC):
+    """A service whose own generated passwords rotate on request (`spec.rotateCredentials`, see
+    `framework.credentials`): the framework stages a `next-password` in each of `secrets`, has the
+    plugin's action `apply` set them on the servers, and swaps them in. The spec model declares
+    the field (`framework.credentials.rotate_credentials_field`); the CRD's status gets
+    `credentialsRotation`; a spec restored from a backup drops the request."""
+
+    secrets: ClassVar[tuple[GeneratedSecret, ...]]  # each with a `password` that rotates
+
+    @abstractmethod
+    def waiting(self, observed: Observed) -> str | None:
+        """Pure: why the servers cannot take new passwords now (a change of primary under way, a
+        primary that does not answer), or None when they can."""
+
+    @abstractmethod
+    def apply(self, observed: Observed) -> Any:
+        """Pure: the plugin's action (one of its `actions`) that makes its servers take the
+        passwords the Secrets stage (`next-password`, else `password`: one swapped already), and
+        their own clients (a standby's replication) use them; idempotent, and carried out
+        again just before the swap. It raises until every server that answers has them."""
+
+
 class ServicePlugin(ABC):
     kind: ClassVar[str]
     plural: ClassVar[str]
@@ -317,6 +351,13 @@ class ServicePlugin(ABC):
     tls: Tls | None = None
     bindings: Bindings | None = None
     backups: Backups | None = None
+    rotation: Rotation | None = None
+    # Spec fields that ask for something once (a switchover): a spec restored from a backup, or
+    # copied into a new instance, drops them (`one_shot_fields()` adds the rotation's request).
+    one_shot: ClassVar[tuple[str, ...]] = ()
+
+    def one_shot_fields(self) -> tuple[str, ...]:
+        return self.one_shot + ((credentials.SPEC_FIELD,) if self.rotation else ())
 
     def references(self, spec: dict[str, Any]) -> dict[str, Reference]:
         """The objects the spec names that planning needs (`Observed.references`), by key."""
@@ -377,6 +418,7 @@ class ServicePlugin(ABC):
             "properties": {
                 **crd.status_properties(InstanceStatus),
                 "conditions": conditions.SCHEMA,
+                **(crd.status_properties(RotationStatus) if self.rotation else {}),
                 **self.status_properties(),
             },
             "x-kubernetes-preserve-unknown-fields": True,  # kopf keeps its progress here

@@ -19,10 +19,11 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from framework.kube.pods import pod_ready, unready_since, waiting_out_backoff
-from framework.kube.secrets import SecretValues
+from framework.kube.secrets import Passwords
 from framework.kube.times import parse_time
 from framework.plugin import Observed
 from framework.servers import Answers
+from services.postgres import scram
 from services.postgres.primary import Facts, Member, parse_lsn
 
 log = logging.getLogger("statefleet")
@@ -33,6 +34,18 @@ PROBE_TIMEOUT = 1.0
 CHECKPOINT_TIMEOUT = 120.0  # a rollout's hook waits this long at most; the shutdown does the rest
 PROMOTE_TIMEOUT = 35.0  # pg_promote waits up to 30 s for the end of recovery
 RECLONE_MARK = "/var/lib/postgresql/data/statefleet-reclone"  # in the volume, beside PGDATA
+# The passfile start.sh writes (the standby's replication connection, pg_rewind, clones): in the
+# pod's socket directory, a volume that outlives a restart of the server's container.
+PASSFILE = "/var/run/postgresql/statefleet.pgpass"
+APPLY_TIMEOUT = 10.0  # setting passwords on the primary (a synchronous commit), reading them back
+# What keeps a statement's text out of the server's log and out of pg_stat_activity (the passfile
+# holds passwords in plain): the superuser's session only.
+QUIET = (
+    "set log_statement = 'none'",
+    "set log_min_error_statement = 'panic'",
+    "set log_min_duration_statement = -1",
+    "set track_activities = off",
+)
 PROBE = """
 select pg_is_in_recovery(),
        case when pg_is_in_recovery()
@@ -50,16 +63,17 @@ select pg_is_in_recovery(),
 """
 
 
+def refused_login(error: Exception) -> bool:
+    return isinstance(error, psycopg.OperationalError) and "password authentication failed" in str(error)
+
+
 class Servers:
-    """The servers of the `Postgres` resources, reached with each one's superuser password
-    (read once: it is never regenerated)."""
+    """The servers of the `Postgres` resources, reached with each one's superuser password (its
+    `password`, and while a credentials rotation is under way its `next-password`)."""
 
     def __init__(self, superuser_secret: str) -> None:
-        self.passwords = SecretValues(superuser_secret, "password")  # the Secret's name with {name} in it
+        self.passwords = Passwords(superuser_secret)  # the Secret's name with {name} in it
         self._background: set[asyncio.Task[None]] = set()  # kept referenced until they finish
-
-    async def password(self, client: AsyncClient, namespace: str, name: str) -> str:
-        return await self.passwords.get(client, namespace, name)
 
     def forget(self, namespace: str, name: str) -> None:
         self.passwords.forget(namespace, name)
@@ -73,8 +87,10 @@ class Servers:
         dbname: str = "postgres",
         statement_timeout: float = PROBE_TIMEOUT,
     ) -> psycopg.AsyncConnection[Any]:
-        password = await self.password(client, namespace, name)
-        try:
+        """A superuser's connection; a refused login is tried with the other password of a rotation
+        under way, then with the Secret read again (a rotation that moved on, a resource made anew)."""
+
+        async def attempt(password: str) -> psycopg.AsyncConnection[Any]:
             return await psycopg.AsyncConnection.connect(
                 host=ip,
                 user="postgres",
@@ -86,10 +102,8 @@ class Servers:
                 # A frozen peer's kernel still acknowledges TCP: give up on unacknowledged data.
                 tcp_user_timeout=int(PROBE_TIMEOUT * 3000),
             )
-        except psycopg.OperationalError as error:
-            if "password authentication failed" in str(error):
-                self.forget(namespace, name)  # a resource made anew, a new Secret
-            raise
+
+        return await self.passwords.first_taken(client, namespace, name, attempt, refused_login)
 
     async def probe(self, client: AsyncClient, observed: Observed, ip: str) -> Facts | None:
         """The server's role and WAL position; None when it does not answer (in time)."""
@@ -183,6 +197,79 @@ class Servers:
                 )
         except (OSError, TimeoutError, psycopg.Error) as error:
             log.info("could not mark the standby at %s for a clone: %s", ip, error or type(error).__name__)
+
+    async def set_passwords(
+        self, client: AsyncClient, observed: Observed, ip: str, passwords: dict[str, str]
+    ) -> dict[str, str]:
+        """The roles' passwords set on the primary at `ip`, in one transaction, as SCRAM verifiers
+        computed here (the plaintext never reaches the server); the verifiers by role. The
+        standbys have them once they replayed it."""
+        verifiers = {role: scram.verifier(password) for role, password in passwords.items()}
+        async with (
+            asyncio.timeout(APPLY_TIMEOUT),
+            await self.connect(
+                client, observed.namespace, observed.name, ip, statement_timeout=APPLY_TIMEOUT
+            ) as connection,
+        ):
+            if (await (await connection.execute("select pg_is_in_recovery()")).fetchone() or [True])[0]:
+                raise RuntimeError(f"the server at {ip} is no longer the primary: passwords not set")
+            async with connection.transaction():
+                for role, verifier in sorted(verifiers.items()):
+                    await connection.execute(
+                        sql.SQL("alter role {} password {}").format(
+                            sql.Identifier(role), sql.Literal(verifier)
+                        )
+                    )
+        return verifiers
+
+    async def write_passfile(
+        self, client: AsyncClient, observed: Observed, ip: str, entries: list[tuple[str, str]]
+    ) -> bool:
+        """The pod's passfile (`PASSFILE`) rewritten in place by its server (COPY TO, allowed on a
+        standby; the file keeps its 0600), with these (user, password) entries: a standby whose
+        WAL receiver connects again takes the new password. Whether its server answered."""
+        lines = []
+        for user, password in entries:
+            if any(c in password for c in ":\\") or not password.isprintable():
+                raise ValueError(f"the password of {user} cannot be written in a passfile as it is")
+            lines.append(f"*:*:*:{user}:{password}")
+        rows = sql.SQL(", ").join(sql.SQL("({})").format(sql.Literal(line)) for line in lines)
+        try:
+            async with (
+                asyncio.timeout(PROBE_TIMEOUT * 3),
+                await self.connect(client, observed.namespace, observed.name, ip) as connection,
+            ):
+                for setting in QUIET:
+                    await connection.execute(setting)
+                await connection.execute(
+                    sql.SQL("copy (values {}) to {}").format(rows, sql.Literal(PASSFILE))
+                )
+        except (OSError, TimeoutError, psycopg.OperationalError) as error:
+            log.info("could not rewrite the passfile at %s: %s", ip, error or type(error).__name__)
+            return False
+        return True
+
+    async def holds(
+        self, client: AsyncClient, observed: Observed, ip: str, verifiers: dict[str, str]
+    ) -> bool | None:
+        """Whether the server at `ip` has these verifiers (a standby: once it replayed them), asked
+        until APPLY_TIMEOUT; None when it does not answer."""
+        deadline = asyncio.get_running_loop().time() + APPLY_TIMEOUT
+        query = "select rolname, rolpassword from pg_authid where rolname = any(%s)"
+        while True:
+            try:
+                async with (
+                    asyncio.timeout(PROBE_TIMEOUT * 3),
+                    await self.connect(client, observed.namespace, observed.name, ip) as connection,
+                ):
+                    rows = await (await connection.execute(query, [sorted(verifiers)])).fetchall()
+            except (OSError, TimeoutError, psycopg.OperationalError):
+                return None
+            if dict(rows) == verifiers:
+                return True
+            if asyncio.get_running_loop().time() > deadline:
+                return False
+            await asyncio.sleep(0.2)
 
     async def checkpoint(self, client: AsyncClient, namespace: str, name: str, ip: str) -> bool:
         """A checkpoint on the server at `ip` if it is a primary; whether there was one."""

@@ -10,7 +10,7 @@ from urllib.parse import quote
 import httpx2
 from lightkube import AsyncClient
 from lightkube.core.exceptions import ApiError
-from lightkube.resources.core_v1 import Pod
+from lightkube.resources.core_v1 import Pod, Secret
 
 from backup import in_place
 from backup.resources import BackupStorageKind
@@ -19,6 +19,7 @@ from framework.certificates import service_hosts
 from framework.kube.api import EventNote
 from framework.kube.meta import content_hash
 from framework.kube.pods import pod_ip
+from framework.kube.secrets import NEXT_PASSWORD, PASSWORD, decoded
 from framework.kube.times import format_time
 from framework.plugin import (
     CHANGE_REFUSED,
@@ -30,6 +31,7 @@ from framework.plugin import (
     Operations,
     Reference,
     Refusal,
+    Rotation,
     ServicePlan,
     ServicePlugin,
     ServiceStatus,
@@ -41,7 +43,7 @@ from framework.servers import NO_ANSWERS, Answers, ask_servers, ready_of, ready_
 from framework.volumes import claim_context, refuse_storage_change
 from services.postgres import commands as postgres_commands
 from services.postgres.in_place import POD_ANNOTATION, InPlaceStep, plan_in_place, pod_annotation
-from services.postgres.instances import Servers, members_of, rw_endpoints
+from services.postgres.instances import APPLY_TIMEOUT, Servers, members_of, rw_endpoints
 from services.postgres.primary import (
     Action,
     Facts,
@@ -126,6 +128,15 @@ def tls_reload_due(status: dict[str, Any], now: float) -> bool:
 
 
 @dataclass(frozen=True)
+class ApplyCredentials:
+    """The passwords the Secrets stage (`framework.credentials`) set on the primary, read back
+    from every standby that answers, and written into every pod's passfile."""
+
+    primary: str
+    pods: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class ServerFacts:
     """An inspection's findings (`Inspection.facts`)."""
 
@@ -180,6 +191,37 @@ class PostgresBindings(Bindings):
         }
 
 
+class PostgresRotation(Rotation):
+    """The superuser's and the replication role's passwords (`spec.rotateCredentials`)."""
+
+    secrets = (SUPERUSER, REPLICATION)
+
+    def waiting(self, observed: Observed) -> str | None:
+        restoring = observed.status.get(in_place.STATUS_FIELD)
+        if in_place.request_of(observed.annotations) or in_place.under_way(restoring):
+            return "a restore in place is under way"
+        if observed.status.get("targetPrimary"):
+            return "a change of primary is under way"
+        primary = current_primary(observed.name, observed)
+        if primary not in ready_pods(observed):
+            return f"the primary {primary} is not ready"
+        return None
+
+    def apply(self, observed: Observed) -> ApplyCredentials:
+        pods = tuple(pod["metadata"]["name"] for pod in observed.pods)
+        return ApplyCredentials(current_primary(observed.name, observed), pods)
+
+
+async def staged_passwords(client: AsyncClient, namespace: str, name: str) -> list[tuple[str, str]]:
+    """(role, password) the servers should take, replication first (the passfile's order): each
+    Secret's `next-password` while one is staged, else its `password` (swapped already)."""
+    entries = []
+    for secret in (REPLICATION, SUPERUSER):
+        data = decoded((await client.get(Secret, secret.name(name), namespace=namespace)).to_dict())
+        entries.append((data["username"], data.get(NEXT_PASSWORD) or data[PASSWORD]))
+    return entries
+
+
 class PostgresBackups(Backups):
     driver = "services.postgres.backup_driver"
     methods = ("physical", "logical")
@@ -227,12 +269,14 @@ class PostgresPlugin(ServicePlugin):
     child_kinds = ("ConfigMap", "Service", "PodDisruptionBudget", "StatefulsetRollout")
     # A new primary is promoted once <name>-rw lets go of the old.
     rbac_rules = ({"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["list"]},)
-    actions = (Promote, RestartPod, Repoint, Reclone, ReloadConfiguration)
+    actions = (Promote, RestartPod, Repoint, Reclone, ReloadConfiguration, ApplyCredentials)
     tls = PostgresTls()
     status_model = PostgresStatus
     decisive_status = ("currentPrimary", "targetPrimary", "failover")
     bindings = PostgresBindings()
     backups = PostgresBackups()
+    rotation = PostgresRotation()
+    one_shot = ("switchover",)
 
     def in_service_kinds(self) -> list[Any]:
         return [USERS]
@@ -477,6 +521,8 @@ class PostgresPlugin(ServicePlugin):
             await asyncio.gather(
                 *(SERVERS.reload(client, observed, ips[p]) for p in action.pods if ips.get(p))
             )
+        elif isinstance(action, ApplyCredentials):
+            await self.apply_credentials(client, observed, action, ips)
         elif isinstance(action, Repoint):
             host = f"{action.primary}.{observed.name}.{observed.namespace}.svc"  # follows the pod's IP
             await asyncio.gather(
@@ -484,6 +530,34 @@ class PostgresPlugin(ServicePlugin):
             )
         else:
             raise UnknownAction(self, action)
+
+    async def apply_credentials(
+        self, client: AsyncClient, observed: Observed, action: ApplyCredentials, ips: dict[str, str | None]
+    ) -> None:
+        """On the primary (replication carries them to the standbys; the running WAL receivers are
+        not asked again), then every pod's passfile, then read back from every standby that
+        answers: a failover after this cannot promote a server without them."""
+        primary = ips.get(action.primary)
+        if primary is None:
+            raise RuntimeError(f"cannot set the new passwords: the primary {action.primary} has no IP")
+        entries = await staged_passwords(client, observed.namespace, observed.name)
+        verifiers = await SERVERS.set_passwords(client, observed, primary, dict(entries))
+        others = {pod: ips[pod] for pod in action.pods if ips.get(pod) and pod != action.primary}
+        await asyncio.gather(
+            *(
+                SERVERS.write_passfile(client, observed, ip, entries)
+                for ip in [primary, *others.values()]
+                if ip
+            )
+        )
+        held = await asyncio.gather(
+            *(SERVERS.holds(client, observed, ip, verifiers) for ip in others.values() if ip)
+        )
+        behind = [pod for pod, holds in zip(others, held, strict=True) if holds is False]
+        if behind:
+            raise RuntimeError(
+                f"{', '.join(behind)} did not replay the new passwords within {APPLY_TIMEOUT:.0f} s"
+            )
 
     def reading(self, spec: PostgresSpec, observed: Observed) -> ServiceStatus:
         primary = current_primary(observed.name, observed)

@@ -8,6 +8,7 @@ from typing import Annotated
 from pydantic import ConfigDict, Field, model_validator
 
 from backup.in_place import InPlaceRecord
+from framework.credentials import rotate_credentials_field
 from framework.kube.model import ApiModel, StatusModel
 from framework.spec import (
     CEL_CONTROL,
@@ -143,6 +144,9 @@ class PostgresSpec(ApiModel):
     )
     switchover: SwitchoverSpec | None = Field(
         default=None, description="Make another instance the primary, once per request."
+    )
+    rotate_credentials: str | None = rotate_credentials_field(
+        "the superuser's and the replication role's passwords", "statefleet pg rotate-credentials NAME"
     )
     bootstrap: BootstrapSpec | None = Field(default=None, description="How a new instance gets its data.")
     wal_archive: WalArchiveSpec | None = Field(

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from backup.driver import BootstrapsPhysical, Driver, ReplacesInPlace, ReplacesOnline, load_driver
+from framework import credentials
 from framework.instance_plan import plan
 from framework.plugin import Backups, Observed, Operations, ServicePlugin, UnknownAction
 from services.postgres import PLUGIN as POSTGRES_PLUGIN
@@ -89,3 +90,23 @@ def test_a_plugin_s_driver_has_every_capability_the_plugin_declares(plugin: Serv
     assert missing == [], f"{backups.driver}: the plugin {plugin.service} asks for what its driver lacks"
     assert sorted(driver.methods) == sorted(backups.methods)
     assert set(backups.bootstrap_methods + backups.replaces_online) <= set(backups.methods)
+
+
+ROTATING = [p for p in PLUGINS if p.rotation]
+
+
+@pytest.mark.parametrize("plugin", ROTATING, ids=[p.service for p in ROTATING])
+def test_a_plugin_that_rotates_credentials_takes_the_request_and_rotates_generated_secrets(
+    plugin: ServicePlugin,
+) -> None:
+    """The spec model declares `rotateCredentials` (else the request is refused as unknown), the
+    Secrets that rotate are generated ones with a random `password`, and the apply action is one
+    of the plugin's."""
+    assert plugin.rotation is not None
+    assert credentials.SPEC_FIELD in plugin.spec_model.model_json_schema(by_alias=True)["properties"]
+    for secret in plugin.rotation.secrets:
+        assert secret in plugin.generated_secrets
+        assert "password" in secret.random
+    observed = Observed(name="demo", namespace="apps", generation=1, spec={}, status={})
+    assert isinstance(plugin.rotation.apply(observed), plugin.actions)
+    assert credentials.SPEC_FIELD in plugin.one_shot_fields()

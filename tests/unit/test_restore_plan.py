@@ -53,7 +53,12 @@ def backup(method: str = "logical", phase: str = "Completed", version: str = "16
             "method": method,
             "version": version,
             "manifest": "apps/apps/postgres/demo/nightly-01234567/manifest.json",
-            "instanceSpec": {"version": "16", "instances": 3, "switchover": {"to": "demo-1"}},
+            "instanceSpec": {
+                "version": "16",
+                "instances": 3,
+                "switchover": {"to": "demo-1"},
+                "rotateCredentials": "2026-01-01T00:00:00Z",
+            },
         },
     }
 
@@ -134,7 +139,9 @@ def test_a_logical_backup_goes_into_a_new_instance_made_from_its_recorded_spec()
     assert create.body["kind"] == "Postgres"
     assert create.body["metadata"]["name"] == "demo"
     assert create.body["metadata"]["annotations"] == {"statefleet.dev/restored-by": f"back/{UID}"}
-    # The recorded spec, without the switchover it recorded, bootstrapped from this backup.
+    # The recorded spec, without the requests it recorded (a switchover, a credentials rotation:
+    # the plugin's one-shot fields), bootstrapped from this backup.
+    assert POSTGRES.one_shot_fields() == ("switchover", "rotateCredentials")
     assert create.body["spec"] == {
         "version": "16",
         "instances": 3,

@@ -1,12 +1,13 @@
-"""`statefleet pg promote NAME POD`: the Postgres plugin's verbs (one module per verb)."""
+"""`statefleet pg promote NAME POD`, `statefleet pg rotate-credentials NAME`: the Postgres
+plugin's verbs (one module per verb)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from services.postgres.commands import promote
+from services.postgres.commands import promote, rotate_credentials
 
-VERBS = (promote,)
+VERBS = (promote, rotate_credentials)
 
 
 def add(commands: Any) -> None:

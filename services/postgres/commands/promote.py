@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import time
-from datetime import UTC, datetime
 from typing import Any
 
 from lightkube import Client
-from lightkube.generic_resource import create_namespaced_resource
-from lightkube.types import PatchType
 
-from framework.kube.meta import GROUP, VERSION
+from framework.kube.requests import Outcome, request_and_wait, request_token
+from services.postgres.commands.resource import POSTGRES
 
 
 def add(verbs: Any) -> argparse.ArgumentParser:
@@ -23,24 +20,25 @@ def add(verbs: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace, kube: Client) -> int:
-    postgres = create_namespaced_resource(GROUP, VERSION, "Postgres", "postgreses")
-    requested = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    requested = request_token()
     change = {"spec": {"switchover": {"to": args.pod, "requestedAt": requested}}}
-    kube.patch(postgres, args.name, change, namespace=args.namespace, patch_type=PatchType.MERGE)
-    print(f"postgres/{args.name}: switchover to {args.pod} requested")
-    deadline = time.monotonic() + args.timeout
-    while time.monotonic() < deadline:
-        status = kube.get(postgres, args.name, namespace=args.namespace).to_dict().get("status") or {}
-        if status.get("switchover", {}).get("served", "").endswith(f"@{requested}") and not status.get(
-            "targetPrimary"
-        ):
-            if status.get("currentPrimary") == args.pod:
-                print(f"postgres/{args.name}: {args.pod} is the primary")
-                return 0
-            print(f"postgres/{args.name}: refused; see `kubectl describe postgres {args.name}`")
-            return 1
-        time.sleep(0.5)
-    if args.timeout:
-        print(f"postgres/{args.name}: {args.pod} is not the primary after {args.timeout:.0f} s")
-        return 1
-    return 0
+
+    def outcome(status: dict[str, Any]) -> Outcome:
+        served = (status.get("switchover") or {}).get("served") or ""
+        if not served.endswith(f"@{requested}") or status.get("targetPrimary"):
+            return None
+        if status.get("currentPrimary") == args.pod:
+            return True, f"{args.pod} is the primary"
+        return False, f"refused; see `kubectl describe postgres {args.name}`"
+
+    return request_and_wait(
+        kube,
+        POSTGRES,
+        args.name,
+        args.namespace,
+        change,
+        f"switchover to {args.pod} requested",
+        outcome,
+        args.timeout,
+        late=f"{args.pod} is not the primary",
+    )
