@@ -180,11 +180,17 @@ def test_a_primary_pod_stuck_terminating_is_replaced_once_its_server_stopped(
     try:
         kube.delete(Pod, cluster, namespace=namespace)  # its grace period: 30 s
         at = time.monotonic()
+        # (An insert right after the delete may still reach the old primary: its kubelet stops
+        # it a moment later. The Event comes first, then writes go to the new primary.)
+        stuck = wait_until(
+            "an Event that says why the switchover went on",
+            lambda: events(kube, namespace, "PrimaryStuckTerminating", since),
+            timeout=60,
+            interval=0.5,
+        )
+        assert "server stopped but its pod is still being deleted" in (stuck[0].message or "")
         insert(kube, namespace, range(101, 102), retry_for=60)
         took = time.monotonic() - at
-        stuck = events(kube, namespace, "PrimaryStuckTerminating", since)
-        assert stuck, "no Event says why the switchover went on"
-        assert "server stopped but its pod is still being deleted" in (stuck[0].message or "")
     finally:
         released = {"metadata": {"finalizers": None}}
         kube.patch(Pod, cluster, released, namespace=namespace, patch_type=PatchType.MERGE)
