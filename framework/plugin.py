@@ -316,8 +316,10 @@ class ServicePlugin(ABC):
     service: ClassVar[str]  # catalog key, template folder, app.kubernetes.io/name
     spec_model: ClassVar[type[BaseModel]]
     generated_secrets: ClassVar[tuple[GeneratedSecret, ...]] = ()
-    # The plugin's `statefleet` verbs: a module with `add(subparsers)`, whose parsers set
-    # `handler(args, kube) -> exit code` (e.g. `statefleet pg promote`). None: no verbs.
+    # The plugin's `statefleet` verbs: a module with `add(subparsers)` that returns its group's
+    # subparsers (the framework's verbs join them: `rotate-credentials` with `rotation`), whose
+    # parsers set `handler(args, kube) -> exit code` (e.g. `statefleet pg promote`). None: no
+    # verbs of its own (a plugin with `rotation` gets a group named after its service).
     commands: ClassVar[Any] = None
     # What the plugin's own code does in the cluster beyond the framework's (RBAC rules, as in a
     # ClusterRole), e.g. reading EndpointSlices; the chart's RBAC is generated with them.

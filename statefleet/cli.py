@@ -30,6 +30,7 @@ from lightkube import AsyncClient, Client, codecs
 from lightkube.resources.apiextensions_v1 import CustomResourceDefinition
 
 from backup import commands as backup_commands
+from framework import credentials_command
 from framework.instance_controller import InstanceController
 from framework.kube import kopf_fixes, metrics
 from framework.kube.leader import LeaderElector, LeadershipLost, Timing, standby_health
@@ -227,8 +228,9 @@ def main(argv: list[str] | None = None) -> int:
     rollout_commands.add(commands)
     backup_commands.add(commands)
     for plugin in load_plugins():
-        if plugin.commands is not None:
-            plugin.commands.add(commands)
+        verbs = plugin.commands.add(commands) if plugin.commands is not None else None
+        if plugin.rotation is not None:  # `statefleet <service> rotate-credentials NAME`
+            credentials_command.add(verbs or credentials_command.group(commands, plugin), plugin)
     args = parser.parse_args(argv)
 
     if args.command == "crds":

@@ -15,12 +15,14 @@ from typing import Any, ClassVar
 from urllib.parse import quote
 
 from lightkube import AsyncClient
+from lightkube.resources.core_v1 import Secret
 from pymongo.errors import AutoReconnect, PyMongoError
 
 from framework.catalog import ResolvedVersion
 from framework.kube.api import EventNote
 from framework.kube.meta import content_hash
 from framework.kube.pods import pod_ip
+from framework.kube.secrets import NEXT_PASSWORD, PASSWORD, decoded
 from framework.plugin import (
     CHANGE_REFUSED,
     Backups,
@@ -30,6 +32,7 @@ from framework.plugin import (
     Observed,
     Operations,
     Refusal,
+    Rotation,
     ServicePlan,
     ServicePlugin,
     ServiceStatus,
@@ -37,7 +40,7 @@ from framework.plugin import (
     decided,
     refused_spec,
 )
-from framework.servers import Answers, ask_servers, ready_of
+from framework.servers import Answers, ask_servers, ready_of, ready_pods
 from framework.volumes import claim_context, refuse_storage_change
 from services.mongodb.replicaset import (
     Hello,
@@ -101,6 +104,40 @@ def standalone_answer(observed: Observed) -> Hello | None:
     return (facts.members.current(observed) if facts else {}).get(f"{observed.name}-0")
 
 
+@dataclass(frozen=True)
+class SetRootPassword:
+    """The root user's password the Secret stages (`framework.credentials`: its `next-password`,
+    else its `password`) set on the primary `pod` (`updateUser`, acknowledged by a majority: a
+    member elected later has it), then checked to log in there. FerretDB takes `updateUser` too
+    (its users in admin.system.users; FERRETDB_SETUP_PASSWORD only counts while the admin
+    database does not exist yet)."""
+
+    pod: str
+
+
+class MongoDBRotation(Rotation):
+    """The root user's password (`spec.rotateCredentials`). The pods' MONGO_INITDB_ROOT_PASSWORD
+    and FERRETDB_SETUP_PASSWORD count only when the data is new: no member restarts."""
+
+    secrets = (ROOT,)
+
+    def primary(self, observed: Observed) -> str | None:
+        if observed.status.get("flavor") == FERRETDB:
+            return f"{observed.name}-0" if standalone_answer(observed) else None
+        return (observed.status.get("replicaSet") or {}).get("primary")
+
+    def waiting(self, observed: Observed) -> str | None:
+        primary = self.primary(observed)
+        if primary is None:
+            return "no primary answers"
+        if primary not in ready_pods(observed):
+            return f"the primary {primary} is not ready"
+        return None
+
+    def apply(self, observed: Observed) -> SetRootPassword:
+        return SetRootPassword(self.primary(observed) or f"{observed.name}-0")  # not waiting: known
+
+
 class MongoDBBindings(Bindings):
     user_kind = "MongoDBUser"
 
@@ -151,10 +188,11 @@ class MongoDBPlugin(ServicePlugin):
     spec_model = MongoDBSpec
     generated_secrets = (ROOT, KEYFILE)
     child_kinds = ("Service", "PodDisruptionBudget", "StatefulsetRollout")
-    actions = (Initiate, Reconfigure, StepDown)
+    actions = (Initiate, Reconfigure, StepDown, SetRootPassword)
     status_model = MongoDBStatus
     bindings = MongoDBBindings()
     backups = MongoDBBackups()
+    rotation = MongoDBRotation()
 
     def plan(
         self, spec: MongoDBSpec, version: ResolvedVersion, observed: Observed, now: float
@@ -295,6 +333,9 @@ class MongoDBPlugin(ServicePlugin):
         )
 
     async def perform(self, client: AsyncClient, observed: Observed, action: Any) -> None:
+        if isinstance(action, SetRootPassword):
+            await self.set_root_password(client, observed, action)
+            return
         if isinstance(action, Initiate):
             command: dict[str, Any] = {"replSetInitiate": action.config}
         elif isinstance(action, Reconfigure):
@@ -308,6 +349,21 @@ class MongoDBPlugin(ServicePlugin):
             raise RuntimeError(f"{action}: {action.pod} has no IP")
         with suppress(AutoReconnect):  # a primary stepping down closes its connections
             await SERVERS.command(client, observed.namespace, observed.name, ip, command, CHANGE_TIMEOUT_MS)
+
+    async def set_root_password(
+        self, client: AsyncClient, observed: Observed, action: SetRootPassword
+    ) -> None:
+        data = decoded(
+            (await client.get(Secret, ROOT.name(observed.name), namespace=observed.namespace)).to_dict()
+        )
+        username, password = data["username"], data.get(NEXT_PASSWORD) or data[PASSWORD]
+        ip = next((pod_ip(pod) for pod in observed.pods if pod["metadata"]["name"] == action.pod), None)
+        if ip is None:
+            raise RuntimeError(f"cannot set the root user's new password: {action.pod} has no IP")
+        command = {"updateUser": username, "pwd": password, "writeConcern": {"w": "majority"}}
+        await SERVERS.command(client, observed.namespace, observed.name, ip, command, CHANGE_TIMEOUT_MS)
+        if not await SERVERS.logs_in(ip, username, password, "admin"):
+            raise RuntimeError(f"the root user's new password does not log in on {action.pod}")
 
     def reading(
         self, spec: MongoDBSpec, version: ResolvedVersion, observed: Observed, view: SetView | None

@@ -1,7 +1,9 @@
 """Talking to the servers of one `MongoDB` with pymongo's asyncio client: each on its pod's IP
 (`directConnection`, so a secondary answers for itself), as the root user whose Secret the
 framework generated. A server that does not answer within a few seconds counts as not
-answering: a frozen member must not hold the operator up."""
+answering: a frozen member must not hold the operator up. A login refused (AuthenticationFailed,
+code 18) is tried with the other password of a credentials rotation under way
+(`framework.kube.secrets.Passwords`)."""
 
 from __future__ import annotations
 
@@ -13,10 +15,11 @@ from lightkube import AsyncClient
 from pymongo import AsyncMongoClient
 from pymongo.errors import OperationFailure, PyMongoError
 
-from framework.kube.secrets import Credentials
+from framework.kube.secrets import Passwords, SecretValues
 from services.mongodb.replicaset import PORT, Hello, parse_hello
 
 PROBE_TIMEOUT_MS = 3000
+AUTHENTICATION_FAILED = 18
 CHANGE_TIMEOUT_MS = 60000  # a reconfiguration waits for a majority to take it
 
 
@@ -34,9 +37,14 @@ def client_of(host: str, timeout_ms: int, **credentials: Any) -> AsyncMongoClien
     )
 
 
+def refused_login(error: Exception) -> bool:
+    return isinstance(error, OperationFailure) and error.code == AUTHENTICATION_FAILED
+
+
 class Servers:
     def __init__(self, root_secret: str) -> None:
-        self.credentials = Credentials(root_secret)
+        self.usernames = SecretValues(root_secret, "username")
+        self.passwords = Passwords(root_secret)  # `password`, then `next-password`
 
     @asynccontextmanager
     async def connect(
@@ -48,17 +56,31 @@ class Servers:
         timeout_ms: int = PROBE_TIMEOUT_MS,
         authenticated: bool = True,
     ) -> AsyncIterator[AsyncMongoClient]:
-        credentials: dict[str, Any] = {}
-        if authenticated:
-            username, password = await self.credentials.get(client, namespace, name)
-            credentials = {"username": username, "password": password, "authSource": "admin"}
-        mongo = client_of(host, timeout_ms, **credentials)
+        if not authenticated:
+            mongo = client_of(host, timeout_ms)
+        else:
+            username = await self.usernames.get(client, namespace, name)
+
+            async def attempt(password: str) -> AsyncMongoClient:
+                # The login is on the first use: a ping, so that a refused password shows here.
+                attempted = client_of(
+                    host, timeout_ms, username=username, password=password, authSource="admin"
+                )
+                try:
+                    await attempted.admin.command("ping")
+                except BaseException:
+                    await attempted.close()
+                    raise
+                return attempted
+
+            try:
+                mongo = await self.passwords.first_taken(client, namespace, name, attempt, refused_login)
+            except OperationFailure as error:
+                if refused_login(error):  # neither password, even read again: a new user name?
+                    self.usernames.forget(namespace, name)
+                raise
         try:
             yield mongo
-        except OperationFailure as error:
-            if error.code == 18:  # AuthenticationFailed: a resource made anew, a new Secret
-                self.credentials.forget(namespace, name)
-            raise
         finally:
             await mongo.close()
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field, field_validator, model_validator
 
+from framework.credentials import rotate_credentials_field
 from framework.kube.model import ApiModel, StatusModel
 from framework.spec import BootstrapSpec, DeletionPolicy, PodTemplateOverrides, ResourcesSpec, StorageSpec
 
@@ -45,6 +46,9 @@ class MongoDBSpec(ApiModel):
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
     bootstrap: BootstrapSpec | None = Field(
         default=None, description="Made from a backup: its databases are restored once the instance runs."
+    )
+    rotate_credentials: str | None = rotate_credentials_field(
+        "the root user's password", "statefleet mongodb rotate-credentials NAME"
     )
     pod_template: PodTemplateOverrides = Field(default_factory=PodTemplateOverrides)
     deletion_policy: DeletionPolicy = Field(

@@ -2,25 +2,38 @@
 (whose Secret the framework generated): each node on its pod's IP (what it says of the
 cluster, whether it is quorum-critical), the cluster's users, vhosts and permissions through
 the client Service. A node that does not answer within a few seconds counts as not
-answering: a frozen node must not hold the operator up."""
+answering: a frozen node must not hold the operator up. A login refused (401) is tried with the
+other password of a credentials rotation under way (`framework.kube.secrets.Passwords`)."""
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import os
 import ssl
 from typing import Any
+from urllib.parse import quote
 
 import httpx2
 from lightkube import AsyncClient
 from lightkube.core.exceptions import ApiError
 from lightkube.resources.core_v1 import Service
 
-from framework.kube.secrets import Credentials, SecretValues
+from framework.kube.secrets import Passwords, SecretValues
 from services.rabbitmq.cluster import NodeAnswer, parse_nodes
 
 AMQPS_PORT = 5671
 MANAGEMENT_TLS_PORT = 15671  # always on (the plaintext one may be off: spec.tls.required)
 PROBE_TIMEOUT = 3.0  # the management API answers /api/nodes from the node's own caches
 CHANGE_TIMEOUT = 30.0  # a vhost is created on every node before the API answers
+HASHING = "rabbit_password_hashing_sha256"  # RabbitMQ's default since 3.6
+
+
+def password_hash(password: str, salt: bytes | None = None) -> str:
+    """RabbitMQ's `rabbit_password_hashing_sha256` of `password`, as its management API's
+    `password_hash` takes it: base64(salt + sha256(salt + UTF-8 password)), a fresh 4-byte salt."""
+    salt = os.urandom(4) if salt is None else salt
+    return base64.b64encode(salt + hashlib.sha256(salt + password.encode()).digest()).decode()
 
 
 class ManagementError(Exception):
@@ -31,12 +44,21 @@ class NodeRefused(Exception):
     """The node answered, and said no (the message is its reason)."""
 
 
+class LoginRefused(Exception):
+    """401: the password is not (or no longer) the user's."""
+
+    def __init__(self, response: httpx2.Response) -> None:
+        super().__init__(f"HTTP {response.status_code}")
+        self.response = response
+
+
 class Management:
     """Over HTTPS, verified with the instance's CA. By the pod's IP, which the certificate does
     not name: the chain is checked, the host name is not (the CA signs this instance only)."""
 
     def __init__(self, default_user_secret: str, tls_secret: str) -> None:
-        self.credentials = Credentials(default_user_secret)
+        self.usernames = SecretValues(default_user_secret, "username")
+        self.passwords = Passwords(default_user_secret)  # `password`, then `next-password`
         self.ca = SecretValues(tls_secret, "ca.crt")
 
     async def _verify(self, client: AsyncClient, namespace: str, name: str) -> ssl.SSLContext:
@@ -55,11 +77,40 @@ class Management:
         body: Any = None,
         seconds: float = PROBE_TIMEOUT,
     ) -> httpx2.Response:
-        auth = await self.credentials.get(client, namespace, name)
+        username = await self.usernames.get(client, namespace, name)
         verify = await self._verify(client, namespace, name)
+
+        async def attempt(password: str) -> httpx2.Response:
+            response = await self._send(
+                namespace, name, ip, method, path, body, seconds, (username, password), verify
+            )
+            if response.status_code == 401:
+                raise LoginRefused(response)
+            return response
+
+        try:
+            return await self.passwords.first_taken(
+                client, namespace, name, attempt, lambda error: isinstance(error, LoginRefused)
+            )
+        except LoginRefused as refused:  # neither password, even read again: a new user name?
+            self.usernames.forget(namespace, name)
+            return refused.response
+
+    async def _send(
+        self,
+        namespace: str,
+        name: str,
+        ip: str,
+        method: str,
+        path: str,
+        body: Any,
+        seconds: float,
+        auth: tuple[str, str],
+        verify: ssl.SSLContext,
+    ) -> httpx2.Response:
         try:
             async with httpx2.AsyncClient(timeout=seconds, verify=verify) as http:
-                response = await http.request(
+                return await http.request(
                     method, f"https://{ip}:{MANAGEMENT_TLS_PORT}/api/{path}", auth=auth, json=body
                 )
         except httpx2.ConnectError as error:
@@ -68,9 +119,37 @@ class Management:
             ):
                 self.ca.forget(namespace, name)  # a new CA (the instance made anew): read again
             raise
-        if response.status_code == 401:  # a resource made anew under the same name: a new Secret
-            self.credentials.forget(namespace, name)
-        return response
+
+    async def logs_in(
+        self, client: AsyncClient, namespace: str, name: str, ip: str, username: str, password: str
+    ) -> bool:
+        """Whether the management API takes these credentials (`GET /api/whoami`)."""
+        verify = await self._verify(client, namespace, name)
+        response = await self._send(
+            namespace, name, ip, "GET", "whoami", None, CHANGE_TIMEOUT, (username, password), verify
+        )
+        if response.status_code == 401:
+            return False
+        checked(response, "GET", "whoami")
+        return True
+
+    async def set_password(
+        self, client: AsyncClient, namespace: str, name: str, ip: str, username: str, password: str
+    ) -> None:
+        """`username`'s password made `password` (its tags kept), then checked to log in."""
+        path = f"users/{quote(username, safe='')}"
+        user = await self.read(client, namespace, name, ip, path)
+        if user is None:
+            raise ManagementError(f"GET /api/{path}: the user {username} is gone")
+        tags = user.get("tags") or []
+        body = {
+            "password_hash": password_hash(password),
+            "hashing_algorithm": HASHING,
+            "tags": ",".join(tags) if isinstance(tags, list) else str(tags),
+        }
+        await self.change(client, namespace, name, ip, "PUT", path, body)
+        if not await self.logs_in(client, namespace, name, ip, username, password):
+            raise ManagementError(f"the new password of {username} does not log in (GET /api/whoami)")
 
     async def cluster(self, client: AsyncClient, namespace: str, name: str, ip: str) -> NodeAnswer | None:
         """The cluster as this node sees it; None when it does not answer (in time)."""

@@ -11,7 +11,7 @@ import httpx2
 from lightkube import AsyncClient, codecs
 from lightkube.core.exceptions import ApiError
 from lightkube.resources.batch_v1 import Job
-from lightkube.resources.core_v1 import Pod
+from lightkube.resources.core_v1 import Pod, Secret
 from lightkube.types import CascadeType
 
 from framework.catalog import ResolvedVersion
@@ -20,6 +20,7 @@ from framework.kube.api import EventNote
 from framework.kube.jobs import read_job
 from framework.kube.meta import content_hash, owner_reference
 from framework.kube.pods import booting_since, pod_ip
+from framework.kube.secrets import NEXT_PASSWORD, PASSWORD, decoded
 from framework.plugin import (
     CHANGE_REFUSED,
     TLS_SERVER,
@@ -30,6 +31,7 @@ from framework.plugin import (
     Observed,
     Operations,
     Refusal,
+    Rotation,
     ServicePlan,
     ServicePlugin,
     ServiceStatus,
@@ -91,6 +93,37 @@ class NodeFacts:
     # While scaling down: the queues (None: not asked, or no node answered), read after the Job.
     queues: list[scale_down.Queue] | None = None
     job: scale_down.JobReport | None = None
+
+
+@dataclass(frozen=True)
+class SetDefaultUserPassword:
+    """The default user's password the Secret stages (`framework.credentials`: its
+    `next-password`, else its `password`) set through the management API of the first of `nodes`
+    that answers (the cluster shares its users), then checked to log in there."""
+
+    nodes: tuple[str, ...]
+
+
+class RabbitMQRotation(Rotation):
+    """The default user's password (`spec.rotateCredentials`). The pods' RABBITMQ_DEFAULT_PASS
+    counts only at a node's first boot, when it makes the user: no node restarts."""
+
+    secrets = (DEFAULT_USER,)
+
+    def waiting(self, observed: Observed) -> str | None:
+        if scaling_down(int(observed.spec.get("replicas", 1)), observed):
+            return "a scale-down is under way"
+        facts: NodeFacts | None = observed.inspection.facts if observed.inspection else None
+        answers = facts.nodes.current(observed) if facts else {}
+        if not [pod for pod in ready_pods(observed) if answers.get(pod)]:
+            return "no ready node answers its management API"
+        return None
+
+    def apply(self, observed: Observed) -> SetDefaultUserPassword:
+        facts: NodeFacts | None = observed.inspection.facts if observed.inspection else None
+        answers = facts.nodes.current(observed) if facts else {}
+        answering = sorted(pod for pod in ready_pods(observed) if answers.get(pod))
+        return SetDefaultUserPassword(tuple(answering or sorted(ready_pods(observed))))
 
 
 def scaling_down(spec_replicas: int, observed: Observed) -> bool:
@@ -185,11 +218,12 @@ class RabbitMQPlugin(ServicePlugin):
     child_kinds = ("ConfigMap", "Service", "PodDisruptionBudget", "StatefulsetRollout")
     # A scale-down runs RabbitMQ's CLI in Jobs.
     rbac_rules = ({"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["get", "create", "delete"]},)
-    actions = (scale_down.DeleteJob, scale_down.RunCli, RestartNode)
+    actions = (scale_down.DeleteJob, scale_down.RunCli, RestartNode, SetDefaultUserPassword)
     status_model = RabbitMQStatus
     bindings = RabbitMQBindings()
     backups = RabbitMQBackups()
     tls = RabbitMQTls()
+    rotation = RabbitMQRotation()
 
     def in_service_kinds(self) -> list[Any]:
         return list(ACCESS_KINDS)
@@ -336,6 +370,8 @@ class RabbitMQPlugin(ServicePlugin):
             except ApiError as error:
                 if error.status.code != 409:  # made by a pass whose status write was lost
                     raise
+        elif isinstance(action, SetDefaultUserPassword):
+            await self.set_default_user_password(client, observed, action)
         elif isinstance(action, RestartNode):
             try:
                 await client.delete(Pod, action.pod, namespace=observed.namespace)
@@ -344,6 +380,32 @@ class RabbitMQPlugin(ServicePlugin):
                     raise
         else:
             raise UnknownAction(self, action)
+
+    async def set_default_user_password(
+        self, client: AsyncClient, observed: Observed, action: SetDefaultUserPassword
+    ) -> None:
+        data = decoded(
+            (
+                await client.get(Secret, DEFAULT_USER.name(observed.name), namespace=observed.namespace)
+            ).to_dict()
+        )
+        password = data.get(NEXT_PASSWORD) or data[PASSWORD]
+        ips = {pod["metadata"]["name"]: pod_ip(pod) for pod in observed.pods}
+        failures = []
+        for node in action.nodes:
+            ip = ips.get(node)
+            if not ip:
+                failures.append(f"{node}: no IP")
+                continue
+            try:
+                await MANAGEMENT.set_password(
+                    client, observed.namespace, observed.name, ip, data["username"], password
+                )
+            except (ManagementError, httpx2.HTTPError, OSError) as error:
+                failures.append(f"{node}: {error}")
+                continue
+            return
+        raise RuntimeError(f"the default user's new password is not set: {'; '.join(failures) or 'no node'}")
 
     def reading(self, spec: RabbitMQSpec, observed: Observed, view: ClusterView) -> ServiceStatus:
         ready = ready_of(observed, spec.replicas)

@@ -7,6 +7,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, field_validator
 
+from framework.credentials import rotate_credentials_field
 from framework.kube.model import ApiModel, StatusModel
 from framework.spec import (
     CEL_CONTROL,
@@ -131,6 +132,9 @@ class RabbitMQSpec(ApiModel):
     tls: RabbitMQTlsSpec = Field(
         default_factory=RabbitMQTlsSpec,
         description="TLS in transit: the nodes serve amqps and HTTPS with the instance's certificate.",
+    )
+    rotate_credentials: str | None = rotate_credentials_field(
+        "the default user's password", "statefleet rabbitmq rotate-credentials NAME"
     )
     pod_template: PodTemplateOverrides = Field(default_factory=PodTemplateOverrides)
     deletion_policy: DeletionPolicy = Field(

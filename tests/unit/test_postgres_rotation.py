@@ -16,13 +16,14 @@ from typing import Any
 import pytest
 from psycopg import pq
 
+from framework import credentials_command
 from framework.catalog import Catalog
 from framework.credentials import StageCredentials, SwapCredentials
 from framework.instance_plan import plan
 from framework.plugin import Observed
 from services.postgres import PLUGIN, scram
-from services.postgres.commands import rotate_credentials
 from services.postgres.plugin import ApplyCredentials
+from statefleet import cli
 
 pytestmark = pytest.mark.unit
 
@@ -241,10 +242,16 @@ class FakeKube:
         return Namespace(to_dict=lambda: {"status": status})
 
 
+def run_cli(monkeypatch: pytest.MonkeyPatch, kube: FakeKube, *argv: str) -> int:
+    """`statefleet ARGV` as a user runs it, against `kube`."""
+    monkeypatch.setattr(cli, "Client", lambda **_: kube)
+    return cli.main(list(argv))
+
+
 def test_the_verb_asks_with_a_new_token_and_waits_for_that_one_to_be_rotated(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr(rotate_credentials, "request_token", lambda: "T2")
+    monkeypatch.setattr(credentials_command, "request_token", lambda: "T2")
     monkeypatch.setattr("framework.kube.requests.time.sleep", lambda _: None)
     earlier = {"requested": "T1", "phase": "Applied", "message": "the servers take them"}
     kube = FakeKube(
@@ -256,8 +263,9 @@ def test_the_verb_asks_with_a_new_token_and_waits_for_that_one_to_be_rotated(
             {"credentialsRotation": {"requested": "T2", "phase": "Rotated", "message": "done"}},
         ]
     )
-    args = Namespace(name="demo", namespace="apps", timeout=60)
-    assert rotate_credentials.run(args, kube) == 0
+    assert (
+        run_cli(monkeypatch, kube, "pg", "rotate-credentials", "demo", "-n", "apps", "--timeout", "60") == 0
+    )
     assert kube.patches == [{"spec": {"rotateCredentials": "T2"}}]
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == "postgres/demo: credentials rotation requested (T2)"
@@ -273,12 +281,14 @@ def test_the_verb_fails_when_its_rotation_is_not_done_in_time(
     ticks = iter(range(0, 1000, 10))
     monkeypatch.setattr("framework.kube.requests.time.monotonic", lambda: next(ticks))
     kube = FakeKube([{"credentialsRotation": {"requested": "old", "phase": "Rotated"}}])
-    assert rotate_credentials.run(Namespace(name="demo", namespace="apps", timeout=30), kube) == 1
+    assert (
+        run_cli(monkeypatch, kube, "pg", "rotate-credentials", "demo", "-n", "apps", "--timeout", "30") == 1
+    )
     assert (
         capsys.readouterr().out.splitlines()[-1]
         == "postgres/demo: the credentials are not rotated after 30 s"
     )
     assert (
-        rotate_credentials.outcome("t", {"credentialsRotation": {"requested": "t", "phase": "Applied"}})
+        credentials_command.outcome("t", {"credentialsRotation": {"requested": "t", "phase": "Applied"}})
         is None
     )

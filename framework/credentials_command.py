@@ -1,25 +1,38 @@
-"""`pg rotate-credentials NAME`: new passwords for the instance's superuser and replication role
-(spec.rotateCredentials, see framework/credentials.py), then waits until the Secrets hold them."""
+"""`statefleet <service> rotate-credentials NAME`: the one verb of every plugin with the
+`Rotation` capability (`framework.credentials`): asks for a rotation (spec.rotateCredentials, a
+new token), then waits until the Secrets hold the new passwords. In the plugin's own group of
+verbs when it has one, else in one named after its service"""
 
 from __future__ import annotations
 
 import argparse
+from functools import partial
 from typing import Any
 
 from lightkube import Client
 
 from framework.credentials import ROTATED, SPEC_FIELD, STATUS_FIELD
 from framework.kube.requests import Outcome, request_and_wait, request_token
-from services.postgres.commands.resource import POSTGRES
+
+VERB = "rotate-credentials"
 
 
-def add(verbs: Any) -> argparse.ArgumentParser:
+def group(commands: Any, plugin: Any) -> Any:
+    """The plugin's group of verbs, for a plugin that has no verbs of its own."""
+    parser = commands.add_parser(plugin.service, help=f"operate {plugin.kind} instances")
+    return parser.add_subparsers(dest="verb", required=True)
+
+
+def add(verbs: Any, plugin: Any) -> argparse.ArgumentParser:
+    """The verb in a plugin's group (`plugin.rotation` says which Secrets rotate)."""
+    secrets = ", ".join(f"<name>-{secret.suffix}" for secret in plugin.rotation.secrets)
     parser = verbs.add_parser(
-        "rotate-credentials",
-        help="new passwords for the superuser and the replication role, without downtime",
+        VERB, help=f"new passwords for the instance's own users ({secrets}), without downtime"
     )
-    parser.add_argument("name", help="the Postgres")
+    parser.add_argument("name", help=f"the {plugin.kind}")
+    parser.add_argument("-n", "--namespace", help="its namespace (default: the kubeconfig's)")
     parser.add_argument("--timeout", type=float, default=300, help="seconds to wait (0: do not wait)")
+    parser.set_defaults(handler=partial(run, plugin.resource()))
     return parser
 
 
@@ -46,11 +59,11 @@ def progress(token: str, status: dict[str, Any]) -> str | None:
     return f"{rotation['phase']}{whose}: {rotation.get('message', '')}"
 
 
-def run(args: argparse.Namespace, kube: Client) -> int:
+def run(resource: Any, args: argparse.Namespace, kube: Client) -> int:
     token = request_token()
     return request_and_wait(
         kube,
-        POSTGRES,
+        resource,
         args.name,
         args.namespace,
         request(token),
