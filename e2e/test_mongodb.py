@@ -18,7 +18,7 @@ from lightkube import Client
 from lightkube.resources.core_v1 import Secret, Service
 from lightkube.types import PatchType
 
-from e2e.kube import apply, get_or_none, secret_data, wait_reason, wait_until
+from e2e.kube import apply, get_or_none, secret_data, statefleet, wait_reason, wait_until
 from e2e.operator_process import OperatorProcess
 from e2e.test_backup import Backup, Restore, storage, wait_phase
 from framework.binding import ServiceBindingKind
@@ -107,6 +107,22 @@ def test_ferretdb_serves_one_member(kube: Client, namespace: str, operator: Oper
     anonymous = pymongo.MongoClient(host=host, directConnection=True, serverSelectionTimeoutMS=5000)
     with anonymous, pytest.raises(pymongo.errors.OperationFailure, match="requires authentication"):
         anonymous.shop.items.find_one()
+
+    # The root user's password rotated: a client logged in before goes on (a login is per
+    # connection), the new password logs in, the old one is refused, the operator still serves.
+    old_password = base64.b64decode(secret.data["password"]).decode()
+    with root(kube, namespace, "catalog") as before:
+        done = statefleet("mongodb", "rotate-credentials", "catalog", "-n", namespace, "--timeout", "120")
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert before.shop.items.count_documents({}) == 10
+    data = kube.get(Secret, "catalog-root", namespace=namespace).data
+    assert "next-password" not in data
+    new_password = base64.b64decode(data["password"]).decode()
+    assert new_password != old_password
+    connect(kube, namespace, "catalog", "root", new_password).close()
+    assert refused(kube, namespace, "catalog", "root", old_password, "admin")
+    apply(kube, MongoDBUser, namespace, "after-rotation", {"instance": "catalog", "database": "shop"})
+    wait_reason(kube, MongoDBUser, namespace, "after-rotation", "Reconciled", timeout=60)
 
 
 def test_users_and_a_binding(kube: Client, namespace: str, operator: OperatorProcess) -> None:

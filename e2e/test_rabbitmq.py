@@ -22,7 +22,16 @@ from lightkube.resources.batch_v1 import Job
 from lightkube.resources.core_v1 import Event, PersistentVolumeClaim, Pod, Secret, Service
 from lightkube.types import PatchType
 
-from e2e.kube import apply, get_or_none, kubectl, pod_is_ready, secret_data, wait_reason, wait_until
+from e2e.kube import (
+    apply,
+    get_or_none,
+    kubectl,
+    pod_is_ready,
+    secret_data,
+    statefleet,
+    wait_reason,
+    wait_until,
+)
 from e2e.namespaces import DeletedNamespaces, namespace_prefix, new_namespace
 from e2e.operator_process import OperatorProcess
 from e2e.test_backup import Backup, Restore, storage, wait_phase
@@ -677,6 +686,34 @@ def test_definitions_backup_restores_into_a_new_cluster(kube: Client, one_node: 
     )
     message = wait_reason(kube, Restore, namespace, "over", "ReplaceRefused")
     assert "a definitions backup of a RabbitMQ is restored into a new instance only" in message
+
+
+@pytest.mark.xdist_group("rabbitmq-one-node")
+def test_the_default_user_s_password_rotates_without_downtime(kube: Client, one_node: str) -> None:
+    """`statefleet rabbitmq rotate-credentials`: a connection opened before stays usable, the new
+    password logs in, the old one no longer does, and the operator still manages the cluster."""
+    namespace = one_node
+    user, old = credentials(kube, namespace, "events")
+    with amqp(kube, namespace, "events") as before:
+        channel = before.channel()
+        channel.queue_declare("rotation", durable=True)
+        done = statefleet("rabbitmq", "rotate-credentials", "events", "-n", namespace, "--timeout", "120")
+        assert done.returncode == 0, done.stdout + done.stderr
+        channel.confirm_delivery()
+        publish(channel, "rotation", ["after the rotation"])
+        assert drain(channel, "rotation") == ["after the rotation"]
+        channel.queue_delete("rotation")
+    secret = kube.get(Secret, "events-default-user", namespace=namespace).data
+    assert "next-password" not in secret
+    _, new = credentials(kube, namespace, "events")
+    assert new != old
+    with login(kube, namespace, user, new, "/"):
+        pass
+    with pytest.raises(pika.exceptions.ProbableAuthenticationError):
+        login(kube, namespace, user, old, "/")
+    apply(kube, RabbitMQUser, namespace, "after-rotation", {"instance": "events"})
+    wait_reason(kube, RabbitMQUser, namespace, "after-rotation", "Reconciled", timeout=60)
+    kube.delete(RabbitMQUser, "after-rotation", namespace=namespace)
 
 
 @pytest.mark.xdist_group("rabbitmq-one-node")
