@@ -346,9 +346,21 @@ def test_a_cluster_forms_serves_keeps_its_queues_when_a_node_is_lost_rolls_out_a
         left = [pod_of(n) for n in queue["members"]]
         return pod not in left and pod_of(queue.get("leader") or "") in left
 
+    def removed(pod: str) -> bool:
+        """Whether Raft took the change: a leader takes none until it committed an entry of its
+        own term and the last change (`cluster_change_not_permitted`, exit 69, which the
+        management API does not show): asked again then. Any other refusal fails at once."""
+        try:
+            cli("rabbitmq-queues", "delete_member", "narrow", f"rabbit@{pod}.events-nodes.{namespace}")
+        except AssertionError as error:
+            if "cluster_change_not_permitted" in str(error):
+                return False
+            raise
+        return True
+
     for pod in ("events-1", "events-2"):
         wait_until("narrow led", lambda: led_without("none"), 60, 0.5)
-        cli("rabbitmq-queues", "delete_member", "narrow", f"rabbit@{pod}.events-nodes.{namespace}")
+        wait_until(f"Raft takes the removal of {pod}", lambda pod=pod: removed(pod), 60, 1)
         wait_until(f"narrow led without {pod}", lambda pod=pod: led_without(pod), 60, 0.5)
     assert members("wide") == [f"events-{i}" for i in range(5)]
     assert members("narrow") == ["events-0", "events-3", "events-4"]
