@@ -769,12 +769,24 @@ def test_amqp_and_the_management_api_over_tls_then_tls_only(kube: Client, one_no
     assert management_tls()["cluster_name"] == "events"
 
     # TLS only: the plaintext listeners go, the operator keeps managing the node over HTTPS.
+    before = kube.get(Pod, "events-0", namespace=namespace).metadata.uid
     kube.patch(
         RabbitMQ,
         "events",
         {"spec": {"tls": {"required": True}}},
         namespace=namespace,
         patch_type=PatchType.MERGE,
+    )
+    # The node restarted with the new configuration (a new pod, ready), then the cluster formed.
+    wait_until(
+        "events-0 made again and ready",
+        lambda: (
+            (p := get_or_none(kube, Pod, "events-0", namespace)) is not None
+            and p.metadata.uid != before
+            and pod_is_ready(p)
+        ),
+        240,
+        1,
     )
     status = wait_formed(kube, namespace, "events", 1, timeout=240)
     assert "amqp" not in status["endpoints"]
@@ -794,4 +806,11 @@ def test_amqp_and_the_management_api_over_tls_then_tls_only(kube: Client, one_no
 
     wait_until("the plaintext listeners off", plaintext_refused, 120, 2)
     round_trip("secure-only")
-    assert management_tls()["cluster_name"] == "events"
+
+    def over_https() -> str | None:
+        try:
+            return management_tls()["cluster_name"]
+        except (httpx2.TransportError, httpx2.HTTPStatusError):
+            return None  # its listener a moment behind AMQP's
+
+    assert wait_until("the management API over HTTPS", over_https, 60, 1) == "events"
