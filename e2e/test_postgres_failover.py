@@ -27,7 +27,7 @@ from lightkube.resources.core_v1 import Pod, Secret
 from lightkube.types import PatchType
 
 from e2e import node
-from e2e.kube import apply, pod_is_ready, statefleet, wait_until
+from e2e.kube import apply, get_or_none, pod_is_ready, statefleet, wait_until
 from e2e.namespaces import DeletedNamespaces, namespace_prefix, new_namespace
 from e2e.operator_process import OperatorProcess
 from e2e.s3 import create_keys, keys_under, new_bucket, revoke_keys, s3_api, s3_settings
@@ -440,20 +440,11 @@ def test_credentials_rotated_without_downtime_while_a_client_writes(
     kube.delete(Pod, standby, namespace=namespace)
     wait_until(
         f"{standby} made again",
-        lambda: (p := get_pod(kube, namespace, standby)) is not None and p.metadata.uid != uid,
+        lambda: (p := get_or_none(kube, Pod, standby, namespace)) is not None and p.metadata.uid != uid,
         timeout=60,
     )
     wait_whole(kube, namespace)
     assert rows(kube, namespace) == 100
-
-
-def get_pod(kube: Client, namespace: str, name: str) -> Pod | None:
-    try:
-        return kube.get(Pod, name, namespace=namespace)
-    except ApiError as error:
-        if error.status.code == 404:
-            return None
-        raise
 
 
 def test_switchover_on_request_and_scaling_down_never_removes_the_primary(

@@ -28,6 +28,8 @@ import json
 import statistics
 import sys
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from lightkube import Client
@@ -276,6 +278,27 @@ def status_of(kube: Client, namespace: str, name: str) -> dict[str, Any]:
     return kube.get(Backup, name, namespace=namespace).to_dict()["status"]
 
 
+@contextmanager
+def bench_namespace(prefix: str) -> Iterator[tuple[Client, str, str]]:
+    """An operator watching `<prefix>-*`, a namespace of its own and a bucket; all gone after."""
+    kube = client()
+    operator = OperatorProcess.start(namespaces=f"{prefix}-*", log_name=f"operator-{prefix}.log")
+    namespace = f"{prefix}-{uuid.uuid4().hex[:5]}"
+    bucket = f"bench-{uuid.uuid4().hex[:8]}"
+    api = s3_api(s3_settings())
+    api.create_bucket(Bucket=bucket)
+    kube.create(Namespace(metadata=ObjectMeta(name=namespace)))
+    try:
+        yield kube, namespace, bucket
+    finally:
+        delete_namespace(kube, namespace, wait=300)
+        for page in api.get_paginator("list_objects_v2").paginate(Bucket=bucket):
+            for item in page.get("Contents", []):
+                api.delete_object(Bucket=bucket, Key=item["Key"])
+        api.delete_bucket(Bucket=bucket)
+        operator.stop()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size-mb", type=int, default=1024)
@@ -285,22 +308,8 @@ def main() -> int:
     if args.repeats < 1:
         parser.error("--repeats: at least 1")
     sys.stdout.reconfigure(line_buffering=True)
-    kube = client()
-    operator = OperatorProcess.start(namespaces="bench-backup-*", log_name="operator-bench-backup.log")
-    namespace = f"bench-backup-{uuid.uuid4().hex[:5]}"
-    bucket = f"bench-{uuid.uuid4().hex[:8]}"
-    api = s3_api(s3_settings())
-    api.create_bucket(Bucket=bucket)
-    kube.create(Namespace(metadata=ObjectMeta(name=namespace)))
-    try:
+    with bench_namespace("bench-backup") as (kube, namespace, bucket):
         scenario(kube, namespace, bucket, args.size_mb, args.small_mb, args.repeats)
-    finally:
-        delete_namespace(kube, namespace, wait=300)
-        for page in api.get_paginator("list_objects_v2").paginate(Bucket=bucket):
-            for item in page.get("Contents", []):
-                api.delete_object(Bucket=bucket, Key=item["Key"])
-        api.delete_bucket(Bucket=bucket)
-        operator.stop()
     return 0
 
 

@@ -15,16 +15,11 @@ import argparse
 import json
 import statistics
 import sys
-import uuid
 
 from lightkube import Client
-from lightkube.models.meta_v1 import ObjectMeta
-from lightkube.resources.core_v1 import Namespace, Pod
+from lightkube.resources.core_v1 import Pod
 
-from e2e.bench.backup import MiB, job_result, load
-from e2e.kube import client, delete_namespace
-from e2e.operator_process import OperatorProcess
-from e2e.s3 import s3_api, s3_settings
+from e2e.bench.backup import MiB, bench_namespace, job_result, load
 from e2e.test_backup import Backup, Restore, apply, sql, storage, wait_phase
 from e2e.test_postgres import create, wait_ready
 
@@ -85,22 +80,8 @@ def main() -> int:
     if args.repeats < 1:
         parser.error("--repeats: at least 1")
     sys.stdout.reconfigure(line_buffering=True)
-    kube = client()
-    operator = OperatorProcess.start(namespaces="bench-sealing-*", log_name="operator-bench-sealing.log")
-    namespace = f"bench-sealing-{uuid.uuid4().hex[:5]}"
-    bucket = f"bench-{uuid.uuid4().hex[:8]}"
-    api = s3_api(s3_settings())
-    api.create_bucket(Bucket=bucket)
-    kube.create(Namespace(metadata=ObjectMeta(name=namespace)))
-    try:
+    with bench_namespace("bench-sealing") as (kube, namespace, bucket):
         scenario(kube, namespace, bucket, args.size_mb, args.repeats)
-    finally:
-        delete_namespace(kube, namespace, wait=300)
-        for page in api.get_paginator("list_objects_v2").paginate(Bucket=bucket):
-            for item in page.get("Contents", []):
-                api.delete_object(Bucket=bucket, Key=item["Key"])
-        api.delete_bucket(Bucket=bucket)
-        operator.stop()
     return 0
 
 
