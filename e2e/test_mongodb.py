@@ -7,7 +7,11 @@ tested against MongoDB's documented replies in tests/unit/test_mongodb_replicase
 from __future__ import annotations
 
 import base64
+import socket
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlsplit
 
@@ -15,10 +19,10 @@ import pymongo
 import pymongo.errors
 import pytest
 from lightkube import Client
-from lightkube.resources.core_v1 import Secret, Service
+from lightkube.resources.core_v1 import Pod, Secret, Service
 from lightkube.types import PatchType
 
-from e2e.kube import apply, get_or_none, secret_data, statefleet, wait_reason, wait_until
+from e2e.kube import apply, get_or_none, pod_is_ready, secret_data, statefleet, wait_reason, wait_until
 from e2e.operator_process import OperatorProcess
 from e2e.test_backup import Backup, Restore, storage, wait_phase
 from framework.binding import ServiceBindingKind
@@ -74,6 +78,39 @@ def connect(
     return client
 
 
+@contextmanager
+def resolving(host: str, address: str) -> Iterator[None]:
+    """`host` resolves to `address` in this process (as `curl --resolve` does): the test reaches
+    the Service's address, and the client checks the certificate against the name it was given."""
+    original = socket.getaddrinfo
+
+    def getaddrinfo(name: Any, *args: Any, **kwargs: Any) -> Any:
+        return original(address if name == host else name, *args, **kwargs)
+
+    socket.getaddrinfo = getaddrinfo  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        socket.getaddrinfo = original  # type: ignore[assignment]
+
+
+@contextmanager
+def tls_client(
+    kube: Client, namespace: str, uri: str, ca: str | None, tmp: Path, timeout_ms: int = 10000
+) -> Iterator[pymongo.MongoClient]:
+    """A client of `uri` as a binding gives it (TLS, a Service's name), verifying the server's
+    name with `ca` (None: the system's CAs only); the first command proves the login."""
+    host = urlsplit(uri).hostname or ""
+    address = kube.get(Service, host.split(".")[0], namespace=namespace).spec.clusterIP
+    options: dict[str, Any] = {"serverSelectionTimeoutMS": timeout_ms}
+    if ca is not None:
+        (tmp / "ca.crt").write_text(ca)
+        options["tlsCAFile"] = str(tmp / "ca.crt")
+    with resolving(host, address), pymongo.MongoClient(uri, **options) as client:
+        client.admin.command("ping")
+        yield client
+
+
 def root(kube: Client, namespace: str, name: str) -> pymongo.MongoClient:
     data = kube.get(Secret, f"{name}-root", namespace=namespace).data
     username, password = (base64.b64decode(data[k]).decode() for k in ("username", "password"))
@@ -88,7 +125,9 @@ def refused(kube: Client, namespace: str, name: str, username: str, password: st
     return False
 
 
-def test_ferretdb_serves_one_member(kube: Client, namespace: str, operator: OperatorProcess) -> None:
+def test_ferretdb_serves_one_member(
+    kube: Client, namespace: str, operator: OperatorProcess, tmp_path: Path
+) -> None:
     """(Members it cannot serve are refused: tests/controller/test_admission.py.)"""
     started = time.monotonic()
     create(kube, namespace, "catalog", {"version": "7", "members": 1, "storage": {"size": "1Gi"}})
@@ -124,8 +163,49 @@ def test_ferretdb_serves_one_member(kube: Client, namespace: str, operator: Oper
     apply(kube, MongoDBUser, namespace, "after-rotation", {"instance": "catalog", "database": "shop"})
     wait_reason(kube, MongoDBUser, namespace, "after-rotation", "Reconciled", timeout=60)
 
+    # TLS (the operator's own connections are TLS already): the server's name verified with the
+    # instance's CA; a client without that CA refuses the server.
+    assert status["endpoints"]["tlsUri"] == f"mongodb://catalog.{namespace}.svc:27018/?tls=true"
+    ca = secret_data(kube, namespace, "catalog-tls")["ca.crt"]
+    as_root = f"mongodb://root:{quote(new_password, safe='')}@catalog.{namespace}.svc:27018/?tls=true"
+    with tls_client(kube, namespace, as_root, ca, tmp_path) as client:
+        assert client.shop.items.count_documents({}) == 10
+    with (
+        pytest.raises(pymongo.errors.ServerSelectionTimeoutError, match="CERTIFICATE_VERIFY_FAILED"),
+        tls_client(kube, namespace, as_root, None, tmp_path, timeout_ms=3000),
+    ):
+        pass
 
-def test_users_and_a_binding(kube: Client, namespace: str, operator: OperatorProcess) -> None:
+    # TLS only: the plaintext listener goes (off the Service too), the data and the operator stay.
+    before = kube.get(Pod, "catalog-0", namespace=namespace).metadata.uid
+    only_tls = {"spec": {"tls": {"required": True}}}
+    kube.patch(MongoDB, "catalog", only_tls, namespace=namespace, patch_type=PatchType.MERGE)
+    wait_until(
+        "catalog-0 made again and ready",
+        lambda: (
+            (p := get_or_none(kube, Pod, "catalog-0", namespace)) is not None
+            and p.metadata.uid != before
+            and pod_is_ready(p)
+        ),
+        180,
+        1,
+    )
+    status = wait_ready(kube, namespace, "catalog")
+    assert status["endpoints"].get("uri") is None
+    assert [port.port for port in kube.get(Service, "catalog", namespace=namespace).spec.ports] == [27018]
+    pod_ip = kube.get(Pod, "catalog-0", namespace=namespace).status.podIP
+    plaintext = pymongo.MongoClient(
+        host=pod_ip, port=27017, directConnection=True, serverSelectionTimeoutMS=3000
+    )
+    with plaintext, pytest.raises(pymongo.errors.ServerSelectionTimeoutError, match="Connection refused"):
+        plaintext.admin.command("ping")
+    with tls_client(kube, namespace, as_root, ca, tmp_path) as client:
+        assert client.shop.items.count_documents({}) == 10
+    apply(kube, MongoDBUser, namespace, "after-tls", {"instance": "catalog", "database": "shop"})
+    wait_reason(kube, MongoDBUser, namespace, "after-tls", "Reconciled", timeout=60)
+
+
+def test_users_and_a_binding(kube: Client, namespace: str, operator: OperatorProcess, tmp_path: Path) -> None:
     create(kube, namespace, "catalog", {"version": "7", "members": 1, "storage": {"size": "1Gi"}})
     wait_ready(kube, namespace, "catalog")
 
@@ -136,11 +216,13 @@ def test_users_and_a_binding(kube: Client, namespace: str, operator: OperatorPro
     assert secret.type == "servicebinding.io/mongodb"
     bound = secret_data(kube, namespace, "shop")
     password = quote(bound["password"], safe="")
-    assert bound["uri"] == f"mongodb://shop:{password}@catalog.{namespace}.svc:27017/shop?authSource=shop"
-    assert (bound["username"], bound["database"], bound["port"]) == ("shop", "shop", "27017")
-    # The uri as the application uses it, the Service's name resolved to its address here.
-    parts = urlsplit(bound["uri"])
-    with connect(kube, namespace, "catalog", parts.username or "", bound["password"], "shop") as client:
+    assert bound["uri"] == (
+        f"mongodb://shop:{password}@catalog.{namespace}.svc:27018/shop?authSource=shop&tls=true"
+    )
+    assert (bound["username"], bound["database"]) == ("shop", "shop")
+    assert (bound["port"], bound["tls"]) == ("27018", "true")
+    # The uri as the application uses it, over TLS verified with the binding's CA.
+    with tls_client(kube, namespace, bound["uri"], bound["ca.crt"], tmp_path) as client:
         client.shop.orders.insert_one({"order": 1})
         assert client.shop.orders.find_one({}, {"_id": 0}) == {"order": 1}
 

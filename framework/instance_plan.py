@@ -154,6 +154,9 @@ def plan(
         "labels": labels,
         "selector": {LABEL_NAME: plugin.service, LABEL_INSTANCE: observed.name},  # an instance's pods
         "tools_image": tools_image,  # Statefleet's own image, for init containers that run our code
+        # When the server certificate in use expires: changes with each certificate issued, so a
+        # template whose servers read their certificate only at start restarts them with it.
+        "certificate_not_after": (tls.status or observed.status.get("tls") or {}).get("notAfter"),
         **service.context,
     }
     try:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -33,14 +34,20 @@ class DumpRefused(Exception):
 
 
 def connect() -> MongoClient:
+    """The instance's client Service over TLS, its name verified with the instance CA
+    (MONGODB_CA: pymongo reads a CA from a file only, written to the Job's /tmp)."""
+    with tempfile.NamedTemporaryFile("w", suffix=".pem", delete=False) as ca:
+        ca.write(os.environ["MONGODB_CA"])
     return MongoClient(
         host=os.environ["MONGODB_HOST"],
-        port=int(os.environ.get("MONGODB_PORT", "27017")),
+        port=int(os.environ["MONGODB_PORT"]),
         username=os.environ["MONGODB_USERNAME"],
         password=os.environ["MONGODB_PASSWORD"],
         authSource="admin",
         directConnection=True,
         appname="statefleet-backup",
+        tls=True,
+        tlsCAFile=ca.name,
     )
 
 

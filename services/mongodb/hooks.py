@@ -10,6 +10,7 @@ from pymongo.errors import AutoReconnect
 
 from framework.rollout.hooks import HookCall, InProcess
 from services.mongodb.plugin import SERVERS
+from services.mongodb.servers import MONGOD, tls_address
 
 
 class StillPrimary(Exception):
@@ -18,8 +19,9 @@ class StillPrimary(Exception):
 
 async def step_down_the_primary(call: HookCall) -> None:
     if not call.pod_ip or len(call.pods) < 2:
-        return  # alone: nobody to hand over to
-    hello = await SERVERS.hello(call.client, call.namespace, call.rollout, call.pod_ip)
+        return  # alone: nobody to hand over to (FerretDB always is)
+    address = tls_address(call.pod_ip, MONGOD)
+    hello = await SERVERS.hello(call.client, call.namespace, call.rollout, address)
     if hello is None or not hello.writable_primary or not hello.set_name:
         return  # not answering, or not a primary: nothing to hand over
     with suppress(AutoReconnect):  # a primary stepping down closes its connections
@@ -27,7 +29,7 @@ async def step_down_the_primary(call: HookCall) -> None:
             call.client,
             call.namespace,
             call.rollout,
-            call.pod_ip,
+            address,
             {"replSetStepDown": 60, "secondaryCatchUpPeriodSecs": 15},
             timeout_ms=30000,
         )

@@ -19,12 +19,14 @@ from lightkube.resources.core_v1 import Secret
 from pymongo.errors import AutoReconnect, PyMongoError
 
 from framework.catalog import ResolvedVersion
+from framework.certificates import service_hosts
 from framework.kube.api import EventNote
 from framework.kube.meta import content_hash
 from framework.kube.pods import pod_ip
 from framework.kube.secrets import NEXT_PASSWORD, PASSWORD, decoded
 from framework.plugin import (
     CHANGE_REFUSED,
+    TLS_SERVER,
     Backups,
     Bindings,
     GeneratedSecret,
@@ -36,6 +38,7 @@ from framework.plugin import (
     ServicePlan,
     ServicePlugin,
     ServiceStatus,
+    Tls,
     UnknownAction,
     decided,
     refused_spec,
@@ -55,14 +58,20 @@ from services.mongodb.replicaset import (
     parse_status,
     plan_replica_set,
 )
-from services.mongodb.servers import CHANGE_TIMEOUT_MS, Servers
+from services.mongodb.servers import (
+    CHANGE_TIMEOUT_MS,
+    FERRETDB,
+    FERRETDB_TLS_PORT,
+    MONGOD,
+    Servers,
+    tls_address,
+)
 from services.mongodb.spec import MongoDBSpec, MongoDBStatus
 from services.mongodb.users import MongoDBUserKind
 
 ROOT = GeneratedSecret("root", fixed={"username": "root"}, random=("password",))
 KEYFILE = GeneratedSecret("keyfile", random=("keyfile",), length=64)  # members authenticate each other
-SERVERS = Servers(ROOT.name("{name}"))
-FERRETDB, MONGOD = "ferretdb", "mongod"
+SERVERS = Servers(ROOT.name("{name}"), f"{{name}}-{TLS_SERVER}")
 INSPECT_FORMING, INSPECT_FORMED = 3.0, 15.0
 ROLE_LABEL = "statefleet.dev/role"
 
@@ -104,6 +113,12 @@ def standalone_answer(observed: Observed) -> Hello | None:
     return (facts.members.current(observed) if facts else {}).get(f"{observed.name}-0")
 
 
+def pod_address(observed: Observed, pod: str) -> str | None:
+    """The TLS listener of `pod`'s server (None: the pod has no IP)."""
+    ip = next((pod_ip(p) for p in observed.pods if p["metadata"]["name"] == pod), None)
+    return tls_address(ip, observed.status.get("flavor")) if ip else None
+
+
 @dataclass(frozen=True)
 class SetRootPassword:
     """The root user's password the Secret stages (`framework.credentials`: its `next-password`,
@@ -138,6 +153,11 @@ class MongoDBRotation(Rotation):
         return SetRootPassword(self.primary(observed) or f"{observed.name}-0")  # not waiting: known
 
 
+class MongoDBTls(Tls):
+    def hosts(self, name: str, namespace: str) -> list[str]:
+        return service_hosts([name], namespace, pods_of=f"{name}-nodes")
+
+
 class MongoDBBindings(Bindings):
     user_kind = "MongoDBUser"
 
@@ -150,15 +170,20 @@ class MongoDBBindings(Bindings):
     ) -> dict[str, str]:
         meta, status = service["metadata"], user["status"]
         username, database, password = status["username"], status["database"], credentials["password"]
-        hosts = status.get("hosts") or [f"{meta['name']}.{meta['namespace']}.svc:27017"]
-        options = f"authSource={quote(database, safe='')}"
+        # TLS always (the plaintext listener may be off): clients verify the server with the
+        # CA, which `ca.crt` holds. `hosts`: the TLS listeners, as the instance's status gives them.
+        hosts = status.get("hosts") or [f"{meta['name']}.{meta['namespace']}.svc:{FERRETDB_TLS_PORT}"]
+        host, port = hosts[0].rsplit(":", 1)
+        options = f"authSource={quote(database, safe='')}&tls=true"
         if status.get("replicaSet"):
             options += f"&replicaSet={quote(status['replicaSet'], safe='')}"
         return {
             "type": "mongodb",
             "provider": "statefleet",
-            "host": hosts[0].rsplit(":", 1)[0],
-            "port": "27017",
+            "host": host,
+            "port": port,
+            "tls": "true",
+            **({"ca.crt": ca} if ca else {}),
             "username": username,
             "password": password,
             "database": database,
@@ -173,8 +198,14 @@ class MongoDBBackups(Backups):
     throwaway_spec: ClassVar[dict[str, Any]] = {"members": 1}
 
     def job_env(self, name: str) -> list[dict[str, Any]]:
+        # The client Service's TLS port, whichever server is behind it (templates/mongodb).
         return [
             {"name": "MONGODB_HOST", "value": name},
+            {"name": "MONGODB_PORT", "value": str(FERRETDB_TLS_PORT)},
+            {
+                "name": "MONGODB_CA",
+                "valueFrom": {"secretKeyRef": {"name": f"{name}-{TLS_SERVER}", "key": "ca.crt"}},
+            },
             ROOT.env("MONGODB_USERNAME", name, "username"),
             ROOT.env("MONGODB_PASSWORD", name, "password"),
         ]
@@ -192,6 +223,7 @@ class MongoDBPlugin(ServicePlugin):
     status_model = MongoDBStatus
     bindings = MongoDBBindings()
     backups = MongoDBBackups()
+    tls = MongoDBTls()
     rotation = MongoDBRotation()
 
     def plan(
@@ -299,8 +331,10 @@ class MongoDBPlugin(ServicePlugin):
     async def inspect(
         self, client: AsyncClient, observed: Observed, previous: Inspection | None
     ) -> Inspection | None:
+        flavor = observed.status.get("flavor")
         members = await ask_servers(
-            observed, lambda _, ip: SERVERS.hello(client, observed.namespace, observed.name, ip)
+            observed,
+            lambda _, ip: SERVERS.hello(client, observed.namespace, observed.name, tls_address(ip, flavor)),
         )
         config, states = None, None
         primaries = [
@@ -313,15 +347,16 @@ class MongoDBPlugin(ServicePlugin):
         if len(primaries) == 1:
             ip = pod_ip(primaries[0])
             assert ip is not None
+            address = tls_address(ip, flavor)
             try:
                 config = parse_config(
                     await SERVERS.command(
-                        client, observed.namespace, observed.name, ip, {"replSetGetConfig": 1}
+                        client, observed.namespace, observed.name, address, {"replSetGetConfig": 1}
                     )
                 )
                 states = parse_status(
                     await SERVERS.command(
-                        client, observed.namespace, observed.name, ip, {"replSetGetStatus": 1}
+                        client, observed.namespace, observed.name, address, {"replSetGetStatus": 1}
                     )
                 )
             except PyMongoError:
@@ -344,11 +379,13 @@ class MongoDBPlugin(ServicePlugin):
             command = {"replSetStepDown": 60, "secondaryCatchUpPeriodSecs": 15}
         else:
             raise UnknownAction(self, action)
-        ip = next((pod_ip(pod) for pod in observed.pods if pod["metadata"]["name"] == action.pod), None)
-        if ip is None:
+        address = pod_address(observed, action.pod)
+        if address is None:
             raise RuntimeError(f"{action}: {action.pod} has no IP")
         with suppress(AutoReconnect):  # a primary stepping down closes its connections
-            await SERVERS.command(client, observed.namespace, observed.name, ip, command, CHANGE_TIMEOUT_MS)
+            await SERVERS.command(
+                client, observed.namespace, observed.name, address, command, CHANGE_TIMEOUT_MS
+            )
 
     async def set_root_password(
         self, client: AsyncClient, observed: Observed, action: SetRootPassword
@@ -357,12 +394,14 @@ class MongoDBPlugin(ServicePlugin):
             (await client.get(Secret, ROOT.name(observed.name), namespace=observed.namespace)).to_dict()
         )
         username, password = data["username"], data.get(NEXT_PASSWORD) or data[PASSWORD]
-        ip = next((pod_ip(pod) for pod in observed.pods if pod["metadata"]["name"] == action.pod), None)
-        if ip is None:
+        address = pod_address(observed, action.pod)
+        if address is None:
             raise RuntimeError(f"cannot set the root user's new password: {action.pod} has no IP")
         command = {"updateUser": username, "pwd": password, "writeConcern": {"w": "majority"}}
-        await SERVERS.command(client, observed.namespace, observed.name, ip, command, CHANGE_TIMEOUT_MS)
-        if not await SERVERS.logs_in(ip, username, password, "admin"):
+        await SERVERS.command(client, observed.namespace, observed.name, address, command, CHANGE_TIMEOUT_MS)
+        if not await SERVERS.logs_in(
+            client, observed.namespace, observed.name, address, username, password, "admin"
+        ):
             raise RuntimeError(f"the root user's new password does not log in on {action.pod}")
 
     def reading(
@@ -371,7 +410,7 @@ class MongoDBPlugin(ServicePlugin):
         flavor = flavor_of(version)
         ready = ready_of(observed, spec.members)
         wanted = {f"{observed.name}-{i}" for i in range(spec.members)}
-        service = f"{observed.name}.{observed.namespace}.svc:27017"
+        service = f"{observed.name}.{observed.namespace}.svc"
         hosts = [
             member_host(f"{observed.name}-{i}", observed.name, observed.namespace)
             for i in range(spec.members)
@@ -381,13 +420,18 @@ class MongoDBPlugin(ServicePlugin):
             answer = standalone_answer(observed)
             serving = answer is not None and ready == 1
             message = "FerretDB answers" if answer else "waiting for FerretDB to answer"
-            fields["endpoints"] = {"uri": f"mongodb://{service}/"}
-            fields["hosts"] = [service]
+            tls_host = f"{service}:{FERRETDB_TLS_PORT}"
+            fields["endpoints"] = {
+                "uri": None if spec.tls.required else f"mongodb://{service}:27017/",
+                "tlsUri": f"mongodb://{tls_host}/?tls=true",
+            }
+            fields["hosts"] = [tls_host]
             return ServiceStatus(ready, spec.members, serving, message, fields=fields)
         assert view is not None  # a replica set's
         serving = view.primary is not None and view.healthy > len(view.members) // 2
         complete = view.primary is not None and view.healthy == spec.members and set(view.members) == wanted
-        fields["endpoints"] = {"uri": f"mongodb://{','.join(hosts)}/?replicaSet={observed.name}"}
+        members = f"mongodb://{','.join(hosts)}/?replicaSet={observed.name}"
+        fields["endpoints"] = {"uri": None if spec.tls.required else members, "tlsUri": f"{members}&tls=true"}
         fields["hosts"] = hosts
         return ServiceStatus(
             ready_instances=ready,

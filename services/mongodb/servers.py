@@ -1,14 +1,20 @@
 """Talking to the servers of one `MongoDB` with pymongo's asyncio client: each on its pod's IP
-(`directConnection`, so a secondary answers for itself), as the root user whose Secret the
-framework generated. A server that does not answer within a few seconds counts as not
-answering: a frozen member must not hold the operator up. A login refused (AuthenticationFailed,
-code 18) is tried with the other password of a credentials rotation under way
-(`framework.kube.secrets.Passwords`)."""
+(`directConnection`, so a secondary answers for itself), over TLS verified with the instance's
+CA (the chain, not the host name: the certificate names the Services and pods, not their IPs),
+as the root user whose Secret the framework generated. A server that does not answer within a
+few seconds counts as not answering: a frozen member must not hold the operator up. A login
+refused (AuthenticationFailed, code 18) is tried with the other password of a credentials
+rotation under way (`framework.kube.secrets.Passwords`)."""
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
+import os
+import tempfile
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 from lightkube import AsyncClient
@@ -22,17 +28,46 @@ PROBE_TIMEOUT_MS = 3000
 AUTHENTICATION_FAILED = 18
 CHANGE_TIMEOUT_MS = 60000  # a reconfiguration waits for a majority to take it
 
+# The two servers that can serve a MongoDB (the version catalog's `flavor`). mongod takes TLS
+# and, unless spec.tls.required, plaintext on one port; FerretDB has a listener for each.
+FERRETDB, MONGOD = "ferretdb", "mongod"
+FERRETDB_TLS_PORT = 27018
 
-def client_of(host: str, timeout_ms: int, **credentials: Any) -> AsyncMongoClient:
-    """A client of the one server at `host` (no discovery of the rest of its set)."""
+
+def tls_port(flavor: str | None) -> int:
+    return FERRETDB_TLS_PORT if flavor == FERRETDB else PORT
+
+
+def tls_address(ip: str, flavor: str | None) -> str:
+    """`ip:port` of a pod's TLS listener, as pymongo takes a host."""
+    return f"[{ip}]:{tls_port(flavor)}" if ":" in ip else f"{ip}:{tls_port(flavor)}"
+
+
+def write_ca_file(pem: str) -> str:
+    """A file holding `pem` (pymongo reads a CA only from a file), one per content, in the
+    temporary directory (an emptyDir in the operator's pod)."""
+    path = Path(tempfile.gettempdir()) / "statefleet-ca" / f"{hashlib.sha256(pem.encode()).hexdigest()}.pem"
+    if not path.exists():
+        path.parent.mkdir(mode=0o700, exist_ok=True)
+        partial = path.with_suffix(f".{os.getpid()}.partial")
+        partial.write_text(pem)
+        partial.replace(path)  # whole or absent: never half a certificate
+    return str(path)
+
+
+def client_of(address: str, timeout_ms: int, ca: str, **credentials: Any) -> AsyncMongoClient:
+    """A client of the one server at `address` (no discovery of the rest of its set), over TLS
+    verified with the CA in file `ca`."""
     return AsyncMongoClient(
-        host=host,
-        port=PORT,
+        host=address,
         directConnection=True,
         serverSelectionTimeoutMS=timeout_ms,
         connectTimeoutMS=timeout_ms,
         socketTimeoutMS=timeout_ms,
         appname="statefleet-operator",
+        tls=True,
+        tlsCAFile=ca,
+        tlsAllowInvalidHostnames=True,
         **credentials,
     )
 
@@ -42,9 +77,19 @@ def refused_login(error: Exception) -> bool:
 
 
 class Servers:
-    def __init__(self, root_secret: str) -> None:
+    """Each method's `address` is a pod's TLS listener (`tls_address`)."""
+
+    def __init__(self, root_secret: str, tls_secret: str) -> None:
         self.usernames = SecretValues(root_secret, "username")
         self.passwords = Passwords(root_secret)  # `password`, then `next-password`
+        self.ca = SecretValues(tls_secret, "ca.crt")
+        self._ca_files: dict[str, str] = {}  # by content
+
+    async def ca_file(self, client: AsyncClient, namespace: str, name: str) -> str:
+        pem = await self.ca.get(client, namespace, name)
+        if pem not in self._ca_files:
+            self._ca_files[pem] = await asyncio.to_thread(write_ca_file, pem)
+        return self._ca_files[pem]
 
     @asynccontextmanager
     async def connect(
@@ -52,19 +97,20 @@ class Servers:
         client: AsyncClient,
         namespace: str,
         name: str,
-        host: str,
+        address: str,
         timeout_ms: int = PROBE_TIMEOUT_MS,
         authenticated: bool = True,
     ) -> AsyncIterator[AsyncMongoClient]:
+        ca = await self.ca_file(client, namespace, name)
         if not authenticated:
-            mongo = client_of(host, timeout_ms)
+            mongo = client_of(address, timeout_ms, ca)
         else:
             username = await self.usernames.get(client, namespace, name)
 
             async def attempt(password: str) -> AsyncMongoClient:
                 # The login is on the first use: a ping, so that a refused password shows here.
                 attempted = client_of(
-                    host, timeout_ms, username=username, password=password, authSource="admin"
+                    address, timeout_ms, ca, username=username, password=password, authSource="admin"
                 )
                 try:
                     await attempted.admin.command("ping")
@@ -84,17 +130,29 @@ class Servers:
         finally:
             await mongo.close()
 
-    async def hello(self, client: AsyncClient, namespace: str, name: str, ip: str) -> Hello | None:
+    async def hello(self, client: AsyncClient, namespace: str, name: str, address: str) -> Hello | None:
         """The server's `hello` (no credentials needed), None when it does not answer in time."""
         try:
-            async with self.connect(client, namespace, name, ip, authenticated=False) as mongo:
+            async with self.connect(client, namespace, name, address, authenticated=False) as mongo:
                 return parse_hello(await mongo.admin.command("hello"))
         except PyMongoError:
             return None
 
-    async def logs_in(self, host: str, username: str, password: str, database: str) -> bool:
+    async def logs_in(
+        self,
+        client: AsyncClient,
+        namespace: str,
+        name: str,
+        address: str,
+        username: str,
+        password: str,
+        database: str,
+    ) -> bool:
         """Whether these credentials open a session (False when refused, or no answer)."""
-        mongo = client_of(host, PROBE_TIMEOUT_MS, username=username, password=password, authSource=database)
+        ca = await self.ca_file(client, namespace, name)
+        mongo = client_of(
+            address, PROBE_TIMEOUT_MS, ca, username=username, password=password, authSource=database
+        )
         try:
             await mongo.admin.command("ping")
         except PyMongoError:
@@ -108,10 +166,10 @@ class Servers:
         client: AsyncClient,
         namespace: str,
         name: str,
-        ip: str,
+        address: str,
         command: dict[str, Any],
         timeout_ms: int = PROBE_TIMEOUT_MS,
     ) -> dict[str, Any]:
         """An admin command as root; raises PyMongoError."""
-        async with self.connect(client, namespace, name, ip, timeout_ms) as mongo:
+        async with self.connect(client, namespace, name, address, timeout_ms) as mongo:
             return await mongo.admin.command(command)

@@ -12,6 +12,15 @@ MAX_MEMBERS = 7  # MongoDB allows at most 7 voting members
 EVEN = "an even number of members cannot keep a majority when half are lost: use 1, 3, 5 or 7"
 
 
+class MongoDBTlsSpec(ApiModel):
+    required: bool = Field(
+        default=False,
+        description="Only TLS: the servers refuse connections in clear (mongod: --tlsMode requireTLS; "
+        "FerretDB: its plaintext listener, 27017, is off). TLS is always on: mongod on 27017, "
+        "FerretDB on 27018.",
+    )
+
+
 class MongoDBSpec(ApiModel):
     version: str | None = Field(
         default=None,
@@ -46,6 +55,11 @@ class MongoDBSpec(ApiModel):
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
     bootstrap: BootstrapSpec | None = Field(
         default=None, description="Made from a backup: its databases are restored once the instance runs."
+    )
+    tls: MongoDBTlsSpec = Field(
+        default_factory=MongoDBTlsSpec,
+        description="TLS in transit with the instance's certificate (clients verify it with the CA "
+        "in the binding's ca.crt).",
     )
     rotate_credentials: str | None = rotate_credentials_field(
         "the root user's password", "statefleet mongodb rotate-credentials NAME"
@@ -89,7 +103,8 @@ class ReplicaSetStatus(StatusModel):
 
 
 class MongoDBEndpoints(StatusModel):
-    uri: str | None = None
+    uri: str | None = Field(default=None, description="in clear; none when spec.tls.required")
+    tls_uri: str | None = Field(default=None, description="over TLS (tls=true): verify with the instance CA")
 
 
 class MongoDBStatus(StatusModel):
@@ -100,7 +115,7 @@ class MongoDBStatus(StatusModel):
     )
     flavor: str | None = Field(default=None, description="the server: mongod or ferretdb")
     root_secret: str | None = None
-    hosts: list[str] | None = None
+    hosts: list[str] | None = Field(default=None, description="host:port of the TLS listeners")
     endpoints: MongoDBEndpoints | None = None
     replica_set: ReplicaSetStatus | None = Field(
         default=None, description="the replica set as its primary last described it"

@@ -29,12 +29,11 @@ from framework.object_controller import (
 )
 from framework.spec import DeletionPolicy
 from services.mongodb.access import WantedUser, marker, ours, plan_user
-from services.mongodb.servers import CHANGE_TIMEOUT_MS, Servers
+from services.mongodb.servers import CHANGE_TIMEOUT_MS, FERRETDB, Servers, tls_address
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,62}$"
 DATABASE_PATTERN = r"^[A-Za-z0-9_\-]{1,63}$"  # no . / \ " $ or space, as MongoDB wants
 RESERVED_DATABASES = ("admin", "local", "config")
-FERRETDB = "ferretdb"
 
 
 class RoleSpec(ApiModel):
@@ -92,7 +91,8 @@ class MongoDBUserKind(ObjectKind):
     async def primary(
         self, client: AsyncClient, namespace: str, instance: str
     ) -> tuple[dict[str, Any] | None, str | None, Outcome | None]:
-        """The instance, its primary's IP, or the Outcome that says why there is none yet."""
+        """The instance, its primary's TLS listener (`tls_address`), or the Outcome that says why
+        there is none yet."""
         depends = frozenset({Ref("MongoDB", instance)})
         found = await get_or_none(client, self.instances, instance, namespace)
         if found is None:
@@ -125,7 +125,7 @@ class MongoDBUserKind(ObjectKind):
                     retry_in=5,
                 ),
             )
-        return found, ip, None
+        return found, tls_address(ip, status.get("flavor")), None
 
     async def reconcile(self, client: AsyncClient, body: dict[str, Any], spec: MongoDBUserSpec) -> Outcome:
         meta = body["metadata"]
@@ -135,11 +135,11 @@ class MongoDBUserKind(ObjectKind):
         if spec.database in RESERVED_DATABASES:
             return Outcome(False, "InvalidSpec", f"spec.database: {spec.database} is MongoDB's own")
         depends = frozenset({Ref("MongoDB", spec.instance)})
-        instance, ip, waiting = await self.primary(client, namespace, spec.instance)
+        instance, address, waiting = await self.primary(client, namespace, spec.instance)
         if waiting:
             return waiting
         assert instance is not None
-        assert ip is not None
+        assert address is not None
         flavor = (instance.get("status") or {}).get("flavor")
         found_password = await user_password(client, self.kind, body, spec.password_secret, username, depends)
         if isinstance(found_password, Outcome):
@@ -155,14 +155,17 @@ class MongoDBUserKind(ObjectKind):
             custom_data=flavor != FERRETDB,
         )
         try:
-            async with self.servers.connect(client, namespace, spec.instance, ip, CHANGE_TIMEOUT_MS) as mongo:
+            connecting = self.servers.connect(client, namespace, spec.instance, address, CHANGE_TIMEOUT_MS)
+            async with connecting as mongo:
                 database = mongo[spec.database]
                 info = await database.command({"usersInfo": {"user": username, "db": spec.database}})
                 found = next(iter(info.get("users") or []), None)
                 made_here = bool(status.get("created"))
                 if found is not None and not made_here and not wanted.custom_data:
                     # Made by a pass whose status write was lost: the password of our Secret opens it.
-                    made_here = await self.servers.logs_in(ip, username, wanted.password, spec.database)
+                    made_here = await self.servers.logs_in(
+                        client, namespace, spec.instance, address, username, wanted.password, spec.database
+                    )
                 planned = plan_user(wanted, found, made_here=made_here)
                 if planned.refusal:
                     return Outcome(False, "Refused", planned.refusal, depends_on=depends)
@@ -198,7 +201,7 @@ class MongoDBUserKind(ObjectKind):
             return Outcome(True, "Retained", "the user is kept (deletionPolicy Retain)")
         meta = body["metadata"]
         namespace, username = meta["namespace"], spec.username or meta["name"]
-        instance, ip, waiting = await self.primary(client, namespace, spec.instance)
+        instance, address, waiting = await self.primary(client, namespace, spec.instance)
         if waiting and waiting.reason == "InstanceNotFound":
             return Outcome(
                 True, "InstanceGone", f"MongoDB {spec.instance} is gone, and user {username} with it"
@@ -208,13 +211,14 @@ class MongoDBUserKind(ObjectKind):
                 False, "DeletionBlocked", f"to drop user {username}: {waiting.message}", retry_in=5
             )
         assert instance is not None
-        assert ip is not None
+        assert address is not None
         flavor = (instance.get("status") or {}).get("flavor")
         probe = WantedUser(
             username, spec.database, "", False, (), marker(namespace, meta["name"]), flavor != FERRETDB
         )
         try:
-            async with self.servers.connect(client, namespace, spec.instance, ip, CHANGE_TIMEOUT_MS) as mongo:
+            connecting = self.servers.connect(client, namespace, spec.instance, address, CHANGE_TIMEOUT_MS)
+            async with connecting as mongo:
                 database = mongo[spec.database]
                 info = await database.command({"usersInfo": {"user": username, "db": spec.database}})
                 found = next(iter(info.get("users") or []), None)

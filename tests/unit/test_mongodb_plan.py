@@ -79,15 +79,51 @@ def test_mongod_runs_a_replica_set_member_with_its_key_file() -> None:
     planned = plan(PLUGIN, observed({**SPEC, "version": "7.0", "members": 3}), CATALOG, "uid-1")
     spec = children(planned)[("StatefulsetRollout", "catalog")]["spec"]
     template = spec["statefulSet"]["template"]["spec"]
-    assert template["containers"][0]["args"][:3] == ["mongod", "--replSet", "catalog"]
-    assert template["initContainers"][0]["command"] == [
-        "install",
-        "-m",
-        "0400",
-        "/secret/keyfile",
-        "/keyfile/keyfile",
-    ]
+    args = template["containers"][0]["args"]
+    assert args[:2] == ["mongod", "--replSet=catalog"]
+    # TLS on its one port, in clear too unless required; certificate and key in one file.
+    assert "--tlsMode=preferTLS" in args
+    assert "--tlsCertificateKeyFile=/keyfile/server.pem" in args
+    assert (
+        "cat /etc/statefleet-tls/tls.crt /etc/statefleet-tls/tls.key > /keyfile/server.pem"
+        in (template["initContainers"][0]["command"][-1])
+    )
     assert spec["strategy"]["hooks"]["beforeTakeDown"] == [{"inProcess": {"name": "mongodb-step-down"}}]
+    tls_only = {**SPEC, "version": "7.0", "members": 3, "tls": {"required": True}}
+    required = plan(PLUGIN, observed(tls_only), CATALOG, "uid-1")
+    args = children(required)[("StatefulsetRollout", "catalog")]["spec"]["statefulSet"]["template"]["spec"][
+        "containers"
+    ][0]["args"]
+    assert "--tlsMode=requireTLS" in args
+
+
+def ferretdb_rendered(spec: dict) -> tuple[dict, dict, dict]:
+    """The FerretDB container, its pod template and the client Service."""
+    rendered = children(plan(PLUGIN, observed(spec), CATALOG, "uid-1", now=1.8e9))
+    template = rendered[("StatefulsetRollout", "catalog")]["spec"]["statefulSet"]["template"]
+    return template["spec"]["containers"][0], template, rendered[("Service", "catalog")]
+
+
+def test_ferretdb_serves_tls_on_its_own_port_and_in_clear_unless_required() -> None:
+    container, template, service = ferretdb_rendered(SPEC)
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["FERRETDB_LISTEN_TLS"] == ":27018"
+    assert env["FERRETDB_LISTEN_TLS_CERT_FILE"] == "/etc/statefleet-tls/tls.crt"
+    assert "FERRETDB_LISTEN_TLS_CA_FILE" not in env  # it would require client certificates
+    assert env["FERRETDB_LISTEN_ADDR"] == ":27017"
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports == {"mongodb": 27017, "mongodb-tls": 27018}
+    assert container["readinessProbe"]["tcpSocket"] == {"port": "mongodb-tls"}
+    assert {p["port"] for p in service["spec"]["ports"]} == {27017, 27018}
+    # It reads its certificate at start only: a new one rolls it.
+    issued = template["metadata"]["annotations"]["statefleet.dev/certificate-not-after"]
+    assert issued.startswith("2027-")  # 90 days after the plan's now, 2027-01-15
+
+    container, _, service = ferretdb_rendered({**SPEC, "tls": {"required": True}})
+    assert "FERRETDB_LISTEN_ADDR" not in {e["name"] for e in container["env"]}
+    assert container["args"] == ["--listen-addr="]  # its default would listen on loopback
+    assert [p["name"] for p in container["ports"]] == ["mongodb-tls"]
+    assert [(p["port"], p["targetPort"]) for p in service["spec"]["ports"]] == [(27018, "mongodb-tls")]
 
 
 @pytest.mark.parametrize(
@@ -156,12 +192,23 @@ def test_a_binding_gets_a_mongodb_uri_with_its_own_database_as_auth_source() -> 
             "replicaSet": "catalog",
         }
     }
-    data = PLUGIN.bindings.secret_data(service, user, {"password": "p@ss/word"}, None)
+    data = PLUGIN.bindings.secret_data(service, user, {"password": "p@ss/word"}, "CA PEM")
     assert data["type"] == "mongodb"
     assert data["uri"] == (
         "mongodb://shop:p%40ss%2Fword@catalog-0.catalog-nodes.apps.svc:27017,"
-        "catalog-1.catalog-nodes.apps.svc:27017/shop?authSource=shop&replicaSet=catalog"
+        "catalog-1.catalog-nodes.apps.svc:27017/shop?authSource=shop&tls=true&replicaSet=catalog"
     )
+    assert (data["host"], data["port"], data["tls"], data["ca.crt"]) == (
+        "catalog-0.catalog-nodes.apps.svc",
+        "27017",
+        "true",
+        "CA PEM",
+    )
+    # FerretDB's TLS listener has a port of its own.
+    ferretdb = {"status": {"username": "shop", "database": "shop", "hosts": ["catalog.apps.svc:27018"]}}
+    data = PLUGIN.bindings.secret_data(service, ferretdb, {"password": "pw"}, "CA PEM")
+    assert data["uri"] == "mongodb://shop:pw@catalog.apps.svc:27018/shop?authSource=shop&tls=true"
+    assert data["port"] == "27018"
     assert PLUGIN.bindings.user_spec("shop", "catalog") == {"instance": "catalog", "database": "shop"}
 
 

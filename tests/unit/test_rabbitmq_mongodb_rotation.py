@@ -315,12 +315,17 @@ class FakeMongo:
 def test_the_operator_logs_in_to_mongodb_with_the_staged_password_once_the_server_takes_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(mongodb_servers, "client_of", lambda host, timeout, **c: FakeMongo(c["password"]))
-    secrets = FakeSecrets(**{"catalog-root": {"username": "root", "password": "old", "next-password": "new"}})
-    servers = mongodb_servers.Servers("{name}-root")
+    monkeypatch.setattr(mongodb_servers, "client_of", lambda host, timeout, ca, **c: FakeMongo(c["password"]))
+    secrets = FakeSecrets(
+        **{
+            "catalog-root": {"username": "root", "password": "old", "next-password": "new"},
+            "catalog-tls": {"ca.crt": "the CA"},
+        }
+    )
+    servers = mongodb_servers.Servers("{name}-root", "{name}-tls")
 
     def ping() -> dict[str, Any]:
-        return asyncio.run(servers.command(secrets, "apps", "catalog", "10.0.0.0", {"ping": 1}))
+        return asyncio.run(servers.command(secrets, "apps", "catalog", "10.0.0.0:27018", {"ping": 1}))
 
     FakeMongo.tried = []
     assert ping() == {"ok": 1}
