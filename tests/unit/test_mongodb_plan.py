@@ -89,6 +89,10 @@ def test_mongod_runs_a_replica_set_member_with_its_key_file() -> None:
         in (template["initContainers"][0]["command"][-1])
     )
     assert spec["strategy"]["hooks"]["beforeTakeDown"] == [{"inProcess": {"name": "mongodb-step-down"}}]
+    # A read-only root: it writes its data and /tmp (socket) on volumes only.
+    server = template["containers"][0]
+    assert server["securityContext"]["readOnlyRootFilesystem"] is True
+    assert {"name": "tmp", "mountPath": "/tmp"} in server["volumeMounts"]
     tls_only = {**SPEC, "version": "7.0", "members": 3, "tls": {"required": True}}
     required = plan(PLUGIN, observed(tls_only), CATALOG, "uid-1")
     args = children(required)[("StatefulsetRollout", "catalog")]["spec"]["statefulSet"]["template"]["spec"][
