@@ -14,6 +14,8 @@ from services.rabbitmq.inter_node import ERL_ARGS, template_speaks_tls
 from services.rabbitmq.plugin import NodeFacts, RabbitMQTls
 from services.rabbitmq.scale_down import RunCli, build_cli_job, parse_queues
 from tests.unit.test_rabbitmq_plan import CATALOG, SPEC, answer, by_kind, node, observed, pod, with_answers
+from tests.unit.test_rollout_plan import running
+from tests.unit.test_rollout_plan import spec as web_spec
 
 pytestmark = pytest.mark.unit
 
@@ -233,3 +235,17 @@ def test_reads_what_a_statefulset_starts_its_nodes_with() -> None:
     assert template_speaks_tls(None) is None
     assert template_speaks_tls(statefulset(False)) is False
     assert template_speaks_tls(statefulset(True)) is True
+
+
+def test_the_full_restart_s_strategy_takes_every_node_down_in_one_batch() -> None:
+    """The rendered strategy through the rollout's planner (its StatefulSet controller model):
+    all three pods go at once, where a configuration change takes them one by one."""
+    status = {"initialized": True, "interNodeTls": False}
+    moving = whole_cluster({**SPEC, "tls": {"interNode": True}}, status, statefulset(False))
+    settled = whole_cluster(SPEC, status, statefulset(False))
+    for planned, most in ((moving, 3), (settled, 1)):
+        strategy = {k: v for k, v in rendered(planned)[0]["strategy"].items() if k != "hooks"}
+        cluster = running(web_spec(replicas=3))
+        cluster.run({**web_spec("web:2", replicas=3), "strategy": strategy}, 60)
+        assert cluster.images() == ["web:2"] * 3
+        assert cluster.most_down == most
