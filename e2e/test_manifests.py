@@ -123,7 +123,7 @@ def instances() -> Iterator[dict[str, Any]]:
     yield build_cli_job(
         job="events-scale-down", namespace="shop", instance="events", image="localhost/statefleet/rabbitmq:4",
         script="rabbitmqctl list_queues", cookie_secret="events-erlang-cookie", labels={},
-        owner=owner_reference,
+        owner=owner_reference, inter_node_tls=True,
     )  # fmt: skip
 
 

@@ -6,7 +6,9 @@ from __future__ import annotations
 import base64
 import socket
 import ssl
+import struct
 import subprocess
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -189,6 +191,65 @@ def node_memory_limits(kube: Client, namespace: str, name: str) -> dict[str, int
     return wait_until("every node's memory limit", reported, 60, 1)
 
 
+DISTRIBUTION_PORT = 25672
+
+
+def proto_dist(namespace: str, pod: str) -> str:
+    """What the node's Erlang distribution runs over, asked through the CLI in its container
+    (which must speak what the node speaks to ask at all)."""
+    return kubectl(
+        "exec", "-n", namespace, pod, "-c", "rabbitmq", "--",
+        "rabbitmqctl", "-q", "eval", "init:get_argument(proto_dist).", timeout=120,
+    ).strip()  # fmt: skip
+
+
+def check_distribution_over_mutual_tls(kube: Client, namespace: str, name: str, pod: str) -> str:
+    """The node's distribution port, from the test: no Erlang handshake in clear (a TLS alert
+    instead); a TLS handshake with the instance's certificate, verifying the node's own name
+    against the instance's CA; refused without a client certificate. The node certificate's
+    issuer."""
+    ip = kube.get(Pod, pod, namespace=namespace).status.podIP
+    # An Erlang distribution handshake's first message (send_name, version 5) in clear.
+    own = b"e2e@test.invalid"
+    body = b"n" + struct.pack(">HI", 5, 0x3499C) + own
+    with socket.create_connection((ip, DISTRIBUTION_PORT), timeout=10) as raw:
+        raw.sendall(struct.pack(">H", len(body)) + body)
+        try:
+            reply = raw.recv(64)
+        except ConnectionResetError:  # closed with our bytes unread: refused all the same
+            reply = b""
+    assert reply == b"" or reply[:1] == b"\x15", f"{pod}:25672 answered a plaintext handshake: {reply!r}"
+    tls = secret_data(kube, namespace, f"{name}-tls")
+    host = f"{pod}.{name}-nodes.{namespace}"  # the node's name: rabbit@<host>
+    with tempfile.TemporaryDirectory() as folder:
+        for key in ("tls.crt", "tls.key"):
+            with open(f"{folder}/{key}", "w") as file:
+                file.write(tls[key])
+        context = ssl.create_default_context(cadata=tls["ca.crt"])
+        context.load_cert_chain(f"{folder}/tls.crt", f"{folder}/tls.key")
+        with (
+            socket.create_connection((ip, DISTRIBUTION_PORT), timeout=10) as raw,
+            context.wrap_socket(raw, server_hostname=host) as connection,
+        ):
+            issuer = dict(item[0] for item in connection.getpeercert()["issuer"])["commonName"]
+            print(f"{pod}:{DISTRIBUTION_PORT}: {connection.version()}, certificate issued by {issuer!r}")
+    # Without a certificate of its own a peer is refused: at the handshake (TLS 1.2) or at its
+    # end (TLS 1.3, the server's alert at the first read).
+    anonymous = ssl.create_default_context(cadata=tls["ca.crt"])
+
+    def as_anonymous_peer() -> None:
+        with (
+            socket.create_connection((ip, DISTRIBUTION_PORT), timeout=10) as raw,
+            anonymous.wrap_socket(raw, server_hostname=host) as connection,
+        ):
+            if not connection.recv(1):
+                raise EOFError("closed without a word")
+
+    with pytest.raises((ssl.SSLError, ConnectionError, EOFError)):
+        as_anonymous_peer()
+    return issuer
+
+
 def test_a_cluster_forms_serves_keeps_its_queues_when_a_node_is_lost_rolls_out_and_scales_3_5_3(
     kube: Client, namespace: str, operator: OperatorProcess
 ) -> None:
@@ -214,6 +275,21 @@ def test_a_cluster_forms_serves_keeps_its_queues_when_a_node_is_lost_rolls_out_a
     nodes = management(kube, namespace, "events", "nodes")
     assert sorted(pod_of(n["name"]) for n in nodes if n["running"]) == ["events-0", "events-1", "events-2"]
     assert {n["name"] for n in nodes} == {f"rabbit@events-{i}.events-nodes.{namespace}" for i in range(3)}
+
+    # The cluster formed over Erlang distribution over mutual TLS (a new cluster's default): a
+    # node runs inet_tls (the others formed a cluster with it, so they do too), the CLI in its
+    # container speaks it (and later the scale-down's Jobs), a CLI without it cannot reach the
+    # node; the distribution port speaks only TLS, with the instance's certificate.
+    assert status["interNodeTls"] is True
+    assert proto_dist(namespace, "events-0") == '{ok,[["inet_tls"]]}'
+    with pytest.raises(subprocess.CalledProcessError):
+        kubectl(
+            "exec", "-n", namespace, "events-0", "-c", "rabbitmq", "--", "env", "-u", "RABBITMQ_CTL_ERL_ARGS",
+            "rabbitmqctl", "-q", "--timeout", "15", "cluster_status", timeout=120,
+        )  # fmt: skip
+    assert (
+        check_distribution_over_mutual_tls(kube, namespace, "events", "events-1") == "statefleet instance CA"
+    )
 
     # A quorum queue, replicated on the three nodes; messages published through the Service.
     first = [f"m{i}" for i in range(100)]
@@ -491,10 +567,13 @@ def login_tls(
 @pytest.fixture(scope="module")
 def one_node(kube: Client, deleted_namespaces: DeletedNamespaces, operator: OperatorProcess) -> Iterator[str]:
     """A namespace with a 1-node RabbitMQ `events`, which the steps marked with the group
-    `rabbitmq-one-node` share (one worker runs them, in order)."""
+    `rabbitmq-one-node` share (one worker runs them, in order). Made with plaintext distribution,
+    as a cluster made before distribution over TLS runs: the last step moves it."""
     name = new_namespace(kube, namespace_prefix(), "rabbitmq-one-node")
-    create(kube, name, "events", {"version": "3", "replicas": 1, "storage": {"size": "1Gi"}})
-    wait_formed(kube, name, "events", 1)
+    spec = {"version": "3", "replicas": 1, "storage": {"size": "1Gi"}, "tls": {"interNode": False}}
+    create(kube, name, "events", spec)
+    status = wait_formed(kube, name, "events", 1)
+    assert status["interNodeTls"] is False
     yield name
     deleted_namespaces.delete(name)
 
@@ -730,7 +809,8 @@ def test_the_default_user_s_password_rotates_without_downtime(kube: Client, one_
 
 @pytest.mark.xdist_group("rabbitmq-one-node")
 def test_amqp_and_the_management_api_over_tls_then_tls_only(kube: Client, one_node: str) -> None:
-    """Last of the group: it turns the shared cluster's plaintext listeners off."""
+    """Last of the group: it turns the shared cluster's plaintext listeners off, and moves its
+    distribution to TLS in the same restart (every node at once: `spec.tls.interNode`)."""
     namespace = one_node
     user, password = credentials(kube, namespace, "events")
     host = f"events.{namespace}.svc"
@@ -746,6 +826,12 @@ def test_amqp_and_the_management_api_over_tls_then_tls_only(kube: Client, one_no
             assert drain(channel, queue) == ["over tls"]
 
     round_trip("secure")
+    assert "inet_tls" not in proto_dist(namespace, "events-0")  # made with plaintext distribution
+    with login_tls(kube, namespace, as_admin, ca=ca) as connection:  # kept through the restart
+        channel = connection.channel()
+        channel.queue_declare("kept", durable=True, arguments={"x-queue-type": "quorum"})
+        channel.confirm_delivery()
+        publish(channel, "kept", ["from before the restart"])
     # A client that does not trust the instance's CA is refused by its own check.
     with pytest.raises(
         (pika.exceptions.AMQPConnectionError, ssl.SSLError), match="CERTIFICATE_VERIFY_FAILED"
@@ -773,7 +859,7 @@ def test_amqp_and_the_management_api_over_tls_then_tls_only(kube: Client, one_no
     kube.patch(
         RabbitMQ,
         "events",
-        {"spec": {"tls": {"required": True}}},
+        {"spec": {"tls": {"required": True, "interNode": True}}},
         namespace=namespace,
         patch_type=PatchType.MERGE,
     )
@@ -790,6 +876,24 @@ def test_amqp_and_the_management_api_over_tls_then_tls_only(kube: Client, one_no
     )
     status = wait_formed(kube, namespace, "events", 1, timeout=240)
     assert "amqp" not in status["endpoints"]
+    moved = wait_until(
+        "the move to distribution over TLS recorded",
+        lambda: (
+            (s := kube.get(RabbitMQ, "events", namespace=namespace).status)
+            and s.get("interNodeTls") is True
+            and "interNodeChange" not in s
+            and s
+        ),
+        120,
+        1,
+    )
+    assert (moved["cluster"]["formed"], moved["cluster"]["nodes"]) == (True, ["events-0"])
+    reasons = {e.reason for e in kube.list(Event, namespace=namespace) if e.involvedObject.kind == "RabbitMQ"}
+    assert {"InterNodeRestart", "InterNodeRestarted"} <= reasons
+    assert proto_dist(namespace, "events-0") == '{ok,[["inet_tls"]]}'
+    assert (
+        check_distribution_over_mutual_tls(kube, namespace, "events", "events-0") == "statefleet instance CA"
+    )
     assert status["endpoints"]["amqps"] == f"amqps://{host}:5671"
     ports = {p.name for p in kube.get(Service, "events", namespace=namespace).spec.ports}
     assert ports == {"amqps", "management-tls", "prometheus"}
@@ -806,6 +910,8 @@ def test_amqp_and_the_management_api_over_tls_then_tls_only(kube: Client, one_no
 
     wait_until("the plaintext listeners off", plaintext_refused, 120, 2)
     round_trip("secure-only")
+    with login_tls(kube, namespace, as_admin, ca=ca) as connection:
+        assert drain(connection.channel(), "kept") == ["from before the restart"]
 
     def over_https() -> str | None:
         try:

@@ -2,8 +2,13 @@
 renewed before they expire. Pure: what to issue, from the Secrets as they are and the time.
 
 The CA (ECDSA P-256, 10 years) signs the server certificate (90 days, renewed when 30 are
-left, or when the names it must carry changed). A renewed CA is published beside the old one
-(`ca.crt` holds both while the old is valid), so clients that verify keep working.
+left, or when the names it must carry or its uses changed). A renewed CA is published beside the
+old one (`ca.crt` holds both while the old is valid), so clients that verify keep working.
+
+The server certificate serves as a client certificate too (extended key usage serverAuth and
+clientAuth): servers that talk to each other over mutual TLS present it on both ends, and a TLS
+stack that checks the peer's extended key usage for its role (Erlang's) refuses a client
+certificate made for serverAuth only.
 """
 
 from __future__ import annotations
@@ -22,6 +27,8 @@ CA_RENEW_BEFORE = timedelta(days=365)
 SERVER_VALIDITY = timedelta(days=90)
 SERVER_RENEW_BEFORE = timedelta(days=30)
 BACKDATE = timedelta(minutes=5)  # clocks differ a little between machines
+# What a server certificate is for: serving, and connecting to its peers with it (mutual TLS).
+SERVER_USAGES = (ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH)
 
 
 @dataclass(frozen=True)
@@ -89,7 +96,7 @@ def issue_server(ca: dict[str, str], hosts: list[str], now: datetime) -> dict[st
         .not_valid_after(min(now + SERVER_VALIDITY, ca_cert.not_valid_after_utc))
         .add_extension(x509.SubjectAlternativeName([x509.DNSName(h) for h in hosts]), critical=False)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .add_extension(x509.ExtendedKeyUsage(list(SERVER_USAGES)), critical=False)
         .add_extension(
             x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False
         )
@@ -108,6 +115,13 @@ def _names(cert: x509.Certificate) -> list[str]:
     except x509.ExtensionNotFound:
         return []
     return extension.value.get_values_for_type(x509.DNSName)
+
+
+def _usages(cert: x509.Certificate) -> set[x509.ObjectIdentifier]:
+    try:
+        return set(cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value)
+    except x509.ExtensionNotFound:
+        return set()
 
 
 def _signed_by(cert: x509.Certificate, ca: x509.Certificate) -> bool:
@@ -155,6 +169,8 @@ def plan_tls(
         reason = f"the server certificate expires on {cert.not_valid_after_utc:%Y-%m-%d}"
     elif sorted(_names(cert)) != sorted(hosts):
         reason = "the names the server certificate must carry changed"
+    elif not set(SERVER_USAGES) <= _usages(cert):
+        reason = "the server certificate is not for client authentication too (mutual TLS between servers)"
     elif not _signed_by(cert, ca_cert) or (server or {}).get("ca.crt") != ca["ca.crt"]:
         reason = "the server certificate is not the CA's"
     else:
@@ -238,7 +254,8 @@ def build_cert_manager_resources(name: str, hosts: list[str]) -> list[dict[str, 
                 "duration": _hours(SERVER_VALIDITY),
                 "renewBefore": _hours(SERVER_RENEW_BEFORE),
                 "privateKey": ecdsa,
-                "usages": ["server auth", "digital signature"],
+                # As the operator's own: serving, and connecting to peers with it (mutual TLS).
+                "usages": ["server auth", "client auth", "digital signature"],
                 "issuerRef": {"name": f"{name}-ca", "kind": "Issuer", "group": "cert-manager.io"},
             },
         ),

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 from urllib.parse import quote
 
@@ -21,6 +21,7 @@ from framework.kube.jobs import read_job
 from framework.kube.meta import content_hash, owner_reference
 from framework.kube.pods import booting_since, pod_ip
 from framework.kube.secrets import NEXT_PASSWORD, PASSWORD, decoded
+from framework.kube.times import format_time
 from framework.plugin import (
     CHANGE_REFUSED,
     TLS_SERVER,
@@ -41,7 +42,7 @@ from framework.plugin import (
 )
 from framework.servers import Answers, ask_servers, ready_of, ready_pods
 from framework.volumes import claim_context, refuse_storage_change
-from services.rabbitmq import scale_down
+from services.rabbitmq import inter_node, scale_down
 from services.rabbitmq.cluster import ClusterView, NodeAnswer, node_name, pod_of, read_cluster
 from services.rabbitmq.management import AMQPS_PORT, MANAGEMENT_TLS_PORT, Management, ManagementError
 from services.rabbitmq.spec import RabbitMQSpec, RabbitMQStatus, config_hazard
@@ -156,9 +157,27 @@ def cluster_view(spec: RabbitMQSpec, observed: Observed) -> ClusterView:
     return read_cluster(observed.name, observed.namespace, spec.replicas, answers)
 
 
+def inter_node_decision(
+    spec: RabbitMQSpec, observed: Observed, view: ClusterView, scaling: bool, now: float
+) -> inter_node.InterNode:
+    """What the nodes' distribution speaks on this pass, and whether every node restarts."""
+    return inter_node.decide(
+        wanted=spec.tls.inter_node,
+        status=observed.status,
+        statefulset=observed.statefulset,
+        has_pods=bool(observed.pods),
+        replicas=spec.replicas,
+        whole=view.formed and ready_of(observed, spec.replicas) == spec.replicas,
+        scaling_down=scaling,
+        now=format_time(now),
+    )
+
+
 class RabbitMQTls(Tls):
     def hosts(self, name: str, namespace: str) -> list[str]:
-        return service_hosts([name], namespace, pods_of=f"{name}-nodes")
+        # The nodes' own names (rabbit@<pod>.<name>-nodes.<namespace>), which Erlang's
+        # distribution over TLS checks the certificate against.
+        return [*service_hosts([name], namespace, pods_of=f"{name}-nodes"), f"*.{name}-nodes.{namespace}"]
 
 
 class RabbitMQBindings(Bindings):
@@ -232,10 +251,21 @@ class RabbitMQPlugin(ServicePlugin):
         self, spec: RabbitMQSpec, version: ResolvedVersion, observed: Observed, now: float
     ) -> ServicePlan:
         view = cluster_view(spec, observed)
-        step = scale_down_step(spec, observed, view, now) if scaling_down(spec.replicas, observed) else None
-        operations = self.operations(observed, view, step, stuck_in_boot(observed, view, now))
+        scaling = scaling_down(spec.replicas, observed)
+        inter = inter_node_decision(spec, observed, view, scaling, now)
+        # No scale-down while every node restarts (one under way holds the restart back).
+        step = scale_down_step(spec, observed, view, now) if scaling and not inter.restarting else None
+        if step:
+            actions = tuple(
+                replace(a, inter_node_tls=inter.cli_tls) if isinstance(a, scale_down.RunCli) else a
+                for a in step.actions
+            )
+            step = replace(step, actions=actions)
+        operations = self.operations(observed, view, step, stuck_in_boot(observed, view, now), inter)
+        running = ((observed.statefulset or {}).get("spec") or {}).get("replicas")
         refusal = (
             config_hazard(spec.config)
+            or inter_node.scale_down_held(spec.replicas, running, inter)
             or (step.refusal if step else None)
             or refuse_storage_change(spec.storage, observed)
         )
@@ -243,13 +273,18 @@ class RabbitMQPlugin(ServicePlugin):
             return ServicePlan(None, operations, refusal=Refusal(CHANGE_REFUSED, refusal))
         # The templates render from the status as read; the reading is of what was decided.
         return ServicePlan(
-            self.reading(spec, decided(observed, operations), view),
+            self.reading(spec, decided(observed, operations), view, inter),
             operations,
-            self.template_context(spec, version, observed, step),
+            self.template_context(spec, version, observed, step, inter),
         )
 
     def template_context(
-        self, spec: RabbitMQSpec, version: ResolvedVersion, observed: Observed, step: scale_down.Step | None
+        self,
+        spec: RabbitMQSpec,
+        version: ResolvedVersion,
+        observed: Observed,
+        step: scale_down.Step | None,
+        inter: inter_node.InterNode,
     ) -> dict[str, Any]:
         # Pods restart when what they read at start changes (not the peers: read when a node
         # first joins, so scaling restarts nobody).
@@ -262,11 +297,19 @@ class RabbitMQPlugin(ServicePlugin):
             "default_user_secret": DEFAULT_USER.name(observed.name),
             "cookie_secret": ERLANG_COOKIE.name(observed.name),
             "config_hash": content_hash(configuration),
+            "inter_node_tls": inter.tls,
+            "inter_node_erl_args": inter_node.ERL_ARGS,
+            "full_restart": inter.full_restart,
             **claim_context(spec.storage, observed),
         }
 
     def operations(
-        self, observed: Observed, view: ClusterView, step: scale_down.Step | None, stuck: list[str]
+        self,
+        observed: Observed,
+        view: ClusterView,
+        step: scale_down.Step | None,
+        stuck: list[str],
+        inter: inter_node.InterNode,
     ) -> Operations:
         status: dict[str, Any] = {
             # Once a node has answered, a node without data always joins the others.
@@ -279,8 +322,9 @@ class RabbitMQPlugin(ServicePlugin):
                 "message": view.message,
             },
         }
+        status.update(inter.status)
         before = observed.status.get("cluster") or {}
-        events = []
+        events = list(inter.events)
         actions: list[Any] = []
         if step:
             status["scaleDown"] = step.state
@@ -300,7 +344,9 @@ class RabbitMQPlugin(ServicePlugin):
             status=status,
             events=events,
             actions=actions,
-            inspect_in=INSPECT_FORMED if view.formed and not status.get("scaleDown") else INSPECT_FORMING,
+            inspect_in=INSPECT_FORMED
+            if view.formed and not status.get("scaleDown") and not inter.restarting
+            else INSPECT_FORMING,
         )
 
     async def inspect(
@@ -364,6 +410,7 @@ class RabbitMQPlugin(ServicePlugin):
                 cookie_secret=ERLANG_COOKIE.name(observed.name),
                 labels=self.labels(observed.name),
                 owner=owner_reference(self.kind, owner.to_dict()),
+                inter_node_tls=action.inter_node_tls,
             )
             try:
                 await client.create(codecs.from_dict(job))
@@ -407,12 +454,20 @@ class RabbitMQPlugin(ServicePlugin):
             return
         raise RuntimeError(f"the default user's new password is not set: {'; '.join(failures) or 'no node'}")
 
-    def reading(self, spec: RabbitMQSpec, observed: Observed, view: ClusterView) -> ServiceStatus:
+    def reading(
+        self,
+        spec: RabbitMQSpec,
+        observed: Observed,
+        view: ClusterView,
+        inter: inter_node.InterNode | None = None,
+    ) -> ServiceStatus:
         ready = ready_of(observed, spec.replicas)
         serving = view.quorum and ready > spec.replicas // 2
         message = f"{ready} of {spec.replicas} nodes ready; {view.message}"
         if observed.status.get("scaleDown"):
             message += "; " + observed.status["scaleDown"].get("message", "scaling down")
+        if inter and inter.message:
+            message += "; " + inter.message
         host = f"{observed.name}.{observed.namespace}.svc"
         return ServiceStatus(
             ready_instances=ready,

@@ -23,6 +23,7 @@ from typing import Any
 
 from framework.kube.pod_security import restricted
 from services.rabbitmq.cluster import pod_of
+from services.rabbitmq.inter_node import CLI_ARGS_ENV, ERL_ARGS
 
 # `status.scaleDown.phase`
 MOVING, STOPPING, FORGETTING = "MovingQueues", "StoppingNodes", "ForgettingNodes"
@@ -173,10 +174,12 @@ class JobReport:
 
 @dataclass(frozen=True)
 class RunCli:
-    """Start Job `job` making `calls`."""
+    """Start Job `job` making `calls`, over the distribution the cluster speaks (`inter_node_tls`:
+    mutual TLS, `services.rabbitmq.inter_node`)."""
 
     job: str
     calls: tuple[Call, ...]
+    inter_node_tls: bool = False
 
     def __str__(self) -> str:
         return f"starting Job {self.job}: {len(self.calls)} RabbitMQ CLI calls"
@@ -354,10 +357,40 @@ def build_cli_job(
     cookie_secret: str,
     labels: dict[str, str],
     owner: dict[str, Any],
+    inter_node_tls: bool = False,
 ) -> dict[str, Any]:
     """The Job that runs `script` (RabbitMQ's CLI) from the instance's own image, with its
     Erlang cookie. Its pod gets a name under the nodes' headless Service: the CLI's own Erlang
-    node needs a fully qualified host name to speak to nodes with long names."""
+    node needs a fully qualified host name to speak to nodes with long names. With
+    `inter_node_tls` the CLI speaks distribution over mutual TLS as the nodes do: the instance's
+    certificate (`<instance>-tls`) and the nodes' options file (`<instance>-config`)."""
+    env: list[dict[str, Any]] = [
+        {"name": "HOME", "value": "/tmp"},
+        {"name": "RABBITMQ_USE_LONGNAME", "value": "true"},
+        {
+            "name": "RABBITMQ_ERLANG_COOKIE",
+            "valueFrom": {"secretKeyRef": {"name": cookie_secret, "key": "cookie"}},
+        },
+    ]
+    mounts: list[dict[str, Any]] = [{"name": "tmp", "mountPath": "/tmp"}]  # HOME: the CLI's files
+    volumes: list[dict[str, Any]] = [{"name": "tmp", "emptyDir": {}}]
+    if inter_node_tls:
+        env.append({"name": CLI_ARGS_ENV, "value": ERL_ARGS})
+        mounts += [
+            {"name": "config", "mountPath": "/etc/statefleet", "readOnly": True},
+            {"name": "tls", "mountPath": "/etc/statefleet-tls", "readOnly": True},
+        ]
+        volumes += [
+            {
+                "name": "config",
+                "configMap": {
+                    "name": f"{instance}-config",
+                    "items": [{"key": "inter_node_tls.config", "path": "inter_node_tls.config"}],
+                },
+            },
+            # root-owned, group rabbitmq (fsGroup), 0440: as the nodes mount it
+            {"name": "tls", "secret": {"secretName": f"{instance}-tls", "defaultMode": 0o440}},
+        ]
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
@@ -373,32 +406,21 @@ def build_cli_job(
                         "enableServiceLinks": False,
                         "hostname": "scale-down",
                         "subdomain": f"{instance}-nodes",
-                        "securityContext": {"runAsUser": 999, "runAsGroup": 999},
+                        "securityContext": {"runAsUser": 999, "runAsGroup": 999, "fsGroup": 999},
                         "containers": [
                             {
                                 "name": "cli",
                                 "image": image,
                                 "imagePullPolicy": "IfNotPresent",
                                 "command": ["bash", "-c", script],
-                                "env": [
-                                    {"name": "HOME", "value": "/tmp"},
-                                    {"name": "RABBITMQ_USE_LONGNAME", "value": "true"},
-                                    {
-                                        "name": "RABBITMQ_ERLANG_COOKIE",
-                                        "valueFrom": {
-                                            "secretKeyRef": {"name": cookie_secret, "key": "cookie"}
-                                        },
-                                    },
-                                ],
+                                "env": env,
                                 "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}},
                                 "terminationMessagePolicy": "FallbackToLogsOnError",
                                 "securityContext": {"readOnlyRootFilesystem": True},
-                                "volumeMounts": [
-                                    {"name": "tmp", "mountPath": "/tmp"}
-                                ],  # HOME: the CLI's files
+                                "volumeMounts": mounts,
                             }
                         ],
-                        "volumes": [{"name": "tmp", "emptyDir": {}}],
+                        "volumes": volumes,
                     }
                 ),
             },

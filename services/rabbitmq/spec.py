@@ -78,6 +78,14 @@ class RabbitMQTlsSpec(ApiModel):
         description="Only TLS: AMQP over TLS (amqps, 5671) and the management API over HTTPS (15671); "
         "the plaintext listeners (5672, 15672) are off. Both TLS listeners are always on.",
     )
+    inter_node: bool | None = Field(
+        default=None,
+        description="Erlang distribution (node to node, and RabbitMQ's CLI to a node) over mutual TLS with "
+        "the instance's certificate, each end verifying the other's. Empty: on for a new cluster; a cluster "
+        "made before keeps speaking plaintext until this is true. Changing what a running cluster speaks "
+        "restarts every node at once (a node speaking TLS cannot reach one speaking plaintext): the cluster "
+        "is down until they are back, and keeps its data. status.interNodeTls says what the nodes speak.",
+    )
 
 
 class RabbitMQSpec(ApiModel):
@@ -184,6 +192,13 @@ class ScaleDownStatus(StatusModel):
     message: str | None = None
 
 
+class InterNodeChangeStatus(StatusModel):
+    to: bool | None = Field(default=None, description="distribution over TLS (true) or plaintext (false)")
+    phase: Literal["Waiting", "Restarting"] | None = None
+    started_at: str | None = Field(default=None, description="when every node was restarted")
+    message: str | None = None
+
+
 class RabbitMQEndpoints(StatusModel):
     amqps: str | None = None
     amqp: str | None = Field(default=None, description="plaintext, unless spec.tls.required")
@@ -202,3 +217,9 @@ class RabbitMQStatus(StatusModel):
     )
     default_user_secret: str | None = None
     endpoints: RabbitMQEndpoints | None = None
+    inter_node_tls: bool | None = Field(
+        default=None, description="the nodes' Erlang distribution runs over mutual TLS (false: plaintext)"
+    )
+    inter_node_change: InterNodeChangeStatus | None = Field(
+        default=None, description="spec.tls.interNode changed: the full restart that moves the cluster"
+    )

@@ -113,6 +113,7 @@ PODS = {
         cookie_secret="c",
         labels={},
         owner={},
+        inter_node_tls=True,
     )["spec"]["template"]["spec"],
 }
 
