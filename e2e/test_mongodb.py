@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import socket
+import ssl
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -18,6 +19,7 @@ from urllib.parse import quote, urlsplit
 import pymongo
 import pymongo.errors
 import pytest
+from cryptography import x509
 from lightkube import Client
 from lightkube.resources.core_v1 import Pod, Secret, Service
 from lightkube.types import PatchType
@@ -109,6 +111,15 @@ def tls_client(
     with resolving(host, address), pymongo.MongoClient(uri, **options) as client:
         client.admin.command("ping")
         yield client
+
+
+def served_serial(address: str) -> int | None:
+    """The serial number of the certificate the TLS listener presents (None: nothing answers)."""
+    try:
+        pem = ssl.get_server_certificate((address, 27018), timeout=5)
+    except OSError:  # between pods
+        return None
+    return x509.load_pem_x509_certificate(pem.encode()).serial_number
 
 
 def root(kube: Client, namespace: str, name: str) -> pymongo.MongoClient:
@@ -225,6 +236,20 @@ def test_users_and_a_binding(kube: Client, namespace: str, operator: OperatorPro
     with tls_client(kube, namespace, bound["uri"], bound["ca.crt"], tmp_path) as client:
         client.shop.orders.insert_one({"order": 1})
         assert client.shop.orders.find_one({}, {"_id": 0}) == {"order": 1}
+
+    # A server certificate lost (or due) is issued again, and FerretDB, which reads it only at
+    # start, is restarted with it; the application's copy of the CA still verifies.
+    address = kube.get(Service, "catalog", namespace=namespace).spec.clusterIP
+    first = served_serial(address)
+    kube.delete(Secret, "catalog-tls", namespace=namespace)
+    renewed = wait_until(
+        "a new server certificate", lambda: get_or_none(kube, Secret, "catalog-tls", namespace), 120, 1
+    )
+    new_serial = x509.load_pem_x509_certificate(base64.b64decode(renewed.data["tls.crt"])).serial_number
+    assert new_serial != first
+    wait_until("FerretDB presents the new certificate", lambda: served_serial(address) == new_serial, 180, 2)
+    with tls_client(kube, namespace, bound["uri"], bound["ca.crt"], tmp_path) as client:
+        assert client.shop.orders.count_documents({}) == 1
 
     # A user of its own, whose password is rotated through its Secret.
     apply(kube, MongoDBUser, namespace, "reporter", {"instance": "catalog", "database": "reports"})
