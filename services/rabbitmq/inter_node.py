@@ -21,14 +21,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from framework.kube.api import EventNote
+from framework.kube.pods import pod_ready
+from framework.rollout.plan import REVISION_LABEL
 
 FIELD = "spec.tls.interNode"
 # What the nodes and the CLI are started with for distribution over TLS (the options file is the
 # ConfigMap's `inter_node_tls.config`, mounted at /etc/statefleet).
 OPTIONS_FILE = "/etc/statefleet/inter_node_tls.config"
 ERL_ARGS = f"-proto_dist inet_tls -ssl_dist_optfile {OPTIONS_FILE}"
-SERVER_ARGS_ENV = "RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS"
 CLI_ARGS_ENV = "RABBITMQ_CTL_ERL_ARGS"
+# On the pod template of nodes started for distribution over TLS (absent: plaintext).
+ANNOTATION = "statefleet.dev/inter-node"
 WAITING, RESTARTING = "Waiting", "Restarting"  # status.interNodeChange.phase
 
 
@@ -38,33 +41,31 @@ def words(tls: bool) -> str:
 
 def template_speaks_tls(statefulset: dict[str, Any] | None) -> bool | None:
     """Whether the StatefulSet's nodes are started for distribution over TLS (None: no
-    StatefulSet)."""
+    StatefulSet), by its pod template's annotation: the operator's index of StatefulSets keeps
+    a template's annotations only."""
     if statefulset is None:
         return None
-    containers = (((statefulset.get("spec") or {}).get("template") or {}).get("spec") or {}).get(
-        "containers"
-    ) or []
-    for container in containers:
-        for env in container.get("env") or []:
-            if env.get("name") == SERVER_ARGS_ENV and "inet_tls" in (env.get("value") or ""):
-                return True
-    return False
+    template = ((statefulset.get("spec") or {}).get("template") or {}).get("metadata") or {}
+    return (template.get("annotations") or {}).get(ANNOTATION) == "tls"
 
 
-def restarted(statefulset: dict[str, Any] | None, replicas: int) -> bool:
-    """Whether every pod of the StatefulSet runs its current template (the StatefulSet
-    controller has seen the template, and updated and made ready every replica)."""
+def restarted(statefulset: dict[str, Any] | None, pods: list[dict[str, Any]], replicas: int) -> bool:
+    """Whether every node runs the StatefulSet's current template: `replicas` ready pods made
+    from its update revision. (The StatefulSet's own currentRevision is no witness: the rollout
+    controller moves a partition, and the StatefulSet controller leaves it behind.)"""
     if statefulset is None:
         return False
     status = statefulset.get("status") or {}
     generation = (statefulset.get("metadata") or {}).get("generation", 0)
-    return (
-        status.get("observedGeneration", 0) >= generation
-        and bool(status.get("updateRevision"))
-        and status.get("currentRevision") == status.get("updateRevision")
-        and status.get("updatedReplicas", 0) >= replicas
-        and status.get("readyReplicas", 0) >= replicas
-    )
+    revision = status.get("updateRevision")
+    if not revision or status.get("observedGeneration", 0) < generation:
+        return False
+    current = [
+        pod
+        for pod in pods
+        if (pod["metadata"].get("labels") or {}).get(REVISION_LABEL) == revision and pod_ready(pod)
+    ]
+    return len(current) >= replicas
 
 
 @dataclass(frozen=True)
@@ -85,7 +86,7 @@ def decide(
     wanted: bool | None,
     status: dict[str, Any],
     statefulset: dict[str, Any] | None,
-    has_pods: bool,
+    pods: list[dict[str, Any]],
     replicas: int,
     whole: bool,
     scaling_down: bool,
@@ -95,14 +96,14 @@ def decide(
     node ready and running in one cluster; `now`: the time to record."""
     settled = status.get("interNodeTls")
     if settled is None:
-        made = statefulset is not None or has_pods or bool(status.get("initialized"))
+        made = statefulset is not None or bool(pods) or bool(status.get("initialized"))
         # A new cluster starts with TLS unless told otherwise; one made before speaks plaintext.
         settled = bool(template_speaks_tls(statefulset)) if made else wanted is not False
     target = settled if wanted is None else wanted
     change = status.get("interNodeChange") or {}
 
     if change.get("phase") == RESTARTING:
-        if template_speaks_tls(statefulset) == target and restarted(statefulset, replicas) and whole:
+        if template_speaks_tls(statefulset) == target and restarted(statefulset, pods, replicas) and whole:
             message = f"{FIELD}: every node restarted; the cluster speaks {words(target)} between its nodes"
             return InterNode(
                 target,

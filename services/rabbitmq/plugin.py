@@ -165,7 +165,7 @@ def inter_node_decision(
         wanted=spec.tls.inter_node,
         status=observed.status,
         statefulset=observed.statefulset,
-        has_pods=bool(observed.pods),
+        pods=observed.pods,
         replicas=spec.replicas,
         whole=view.formed and ready_of(observed, spec.replicas) == spec.replicas,
         scaling_down=scaling,
@@ -299,6 +299,7 @@ class RabbitMQPlugin(ServicePlugin):
             "config_hash": content_hash(configuration),
             "inter_node_tls": inter.tls,
             "inter_node_erl_args": inter_node.ERL_ARGS,
+            "inter_node_annotation": inter_node.ANNOTATION,
             "full_restart": inter.full_restart,
             **claim_context(spec.storage, observed),
         }

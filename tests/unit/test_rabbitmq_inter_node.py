@@ -35,15 +35,16 @@ def rendered(planned: Any) -> tuple[dict, dict, dict, str]:
 
 
 def statefulset(tls: bool, *, revision: str = "r1", current: str = "r1", updated: int = 3) -> dict:
-    """The StatefulSet as its controller reports it; its nodes started for `tls` or not."""
-    env = [{"name": "POD_NAME"}]
+    """The StatefulSet as the operator's index keeps it (of the pod template, its annotations
+    only); its nodes started for `tls` or not."""
+    annotations = {"statefleet.dev/config-hash": "c"}
     if tls:
-        env.append({"name": "RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS", "value": ERL_ARGS})
+        annotations["statefleet.dev/inter-node"] = "tls"
     return {
         "metadata": {"generation": 4},
         "spec": {
             "replicas": 3,
-            "template": {"spec": {"containers": [{"name": "rabbitmq", "env": env}]}},
+            "template": {"metadata": {"annotations": annotations}},
             "volumeClaimTemplates": [{"spec": {"resources": {"requests": {"storage": "1Gi"}}}}],
         },
         "status": {
@@ -58,6 +59,14 @@ def statefulset(tls: bool, *, revision: str = "r1", current: str = "r1", updated
 
 WHOLE = {i: answer([0, 1, 2]) for i in range(3)}
 PODS = [pod(0), pod(1), pod(2)]
+
+
+def made_from(revision: str, updated: int) -> list[dict]:
+    """The three pods, the first `updated` made from `revision` (the others from r1)."""
+    pods = [pod(i) for i in range(3)]
+    for i, made in enumerate(pods):
+        made["metadata"]["labels"]["controller-revision-hash"] = revision if i < updated else "r1"
+    return pods
 
 
 def whole_cluster(spec: dict, status: dict, sts: dict, answers: dict = WHOLE, pods: list = PODS) -> Any:
@@ -76,6 +85,9 @@ def test_a_new_cluster_speaks_distribution_over_mutual_tls_with_the_instance_s_c
     )
     assert planned.status["interNodeTls"] is True
     assert "interNodeChange" not in planned.status
+    # What the operator reads back from its index of StatefulSets (a template's annotations).
+    kept = {"spec": {"template": {"metadata": rollout["statefulSet"]["template"]["metadata"]}}}
+    assert template_speaks_tls(kept) is True
     # Both ends present the certificate and verify the other's against the instance's CA.
     server, client = options.split("{client,")
     for side in (server, client):
@@ -97,8 +109,10 @@ def test_a_new_cluster_speaks_distribution_over_mutual_tls_with_the_instance_s_c
 
 def test_a_new_cluster_may_be_made_with_plaintext_distribution() -> None:
     planned = plan(PLUGIN, observed({**SPEC, "tls": {"interNode": False}}), CATALOG, "uid-1")
-    _, env, _, _ = rendered(planned)
+    rollout, env, _, _ = rendered(planned)
     assert not TLS_ENV & set(env)
+    kept = {"spec": {"template": {"metadata": rollout["statefulSet"]["template"]["metadata"]}}}
+    assert template_speaks_tls(kept) is False
     assert planned.status["interNodeTls"] is False
 
 
@@ -137,15 +151,20 @@ def test_moving_a_running_cluster_restarts_every_node_at_once_and_keeps_the_choi
     status = {
         k: v for k, v in started.status.items() if k in ("initialized", "interNodeTls", "interNodeChange")
     }
-    midway = whole_cluster(spec, status, statefulset(True, revision="r2", current="r1", updated=1))
+    midway = whole_cluster(
+        spec, status, statefulset(True, revision="r2", current="r1", updated=1), pods=made_from("r2", 1)
+    )
     rollout, _, pdb, _ = rendered(midway)
     assert rollout["strategy"]["maxUnavailable"] == "100%"
     assert midway.status["interNodeChange"]["startedAt"] == change["startedAt"]
     ready = next(c for c in midway.status["conditions"] if c["type"] == "Ready")
     assert "restarting every node at once for distribution over TLS" in ready["message"]
 
-    # Every pod runs it, every node ready in one cluster: done, one node at a time again.
-    done = whole_cluster(spec, status, statefulset(True, revision="r2", current="r2"))
+    # Every pod runs it, every node ready in one cluster: done, one node at a time again. (The
+    # StatefulSet's currentRevision stays behind: the rollout controller moves its partition.)
+    done = whole_cluster(
+        spec, status, statefulset(True, revision="r2", current="r1"), pods=made_from("r2", 3)
+    )
     rollout, env, pdb, _ = rendered(done)
     assert done.status["interNodeTls"] is True
     assert "interNodeChange" not in done.status
