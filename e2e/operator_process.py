@@ -180,6 +180,10 @@ class InProcessOperator:
             liveness=None,
             leader_election=False,
             allowed_destination=list(TEST_DESTINATIONS),
+            network_policies=False,
+            operator_namespace=None,
+            operator_pod_labels=None,
+            network_policy_extra_from=None,
         )
         self.log_path = REPO / ".testbed" / "logs" / log_name
         self.stop_flag = threading.Event()
