@@ -98,6 +98,12 @@ def block_loopback_port(pod_uid: str, port: int) -> None:
     subprocess.run(["nsenter", "-t", str(pid), "-n", "iptables", "-I", "INPUT", *rule], check=True)
 
 
+def network_policies_enforced() -> bool:
+    """Whether the node enforces NetworkPolicies: kube-router's chains are in place (up.sh)."""
+    found = subprocess.run(["iptables", "-w", "-n", "-L", "KUBE-NWPLCY-DEFAULT"], capture_output=True)
+    return found.returncode == 0
+
+
 # The operators of a partition test run with this group id: a partition drops their packets only
 # (the host's iptables match the sending process's group), so the primary's clients, its
 # kubelet and its standbys still reach it, as when a network fault isolates the operator.

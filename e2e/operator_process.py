@@ -41,6 +41,8 @@ class OperatorProcess:
         self.metrics_port = METRICS_PORT + port_offset
         self.process: subprocess.Popen[bytes] | None = None
         self.stopped_in = 0.0
+        # --network-policies from the next launch on (a restart): every instance gets one.
+        self.network_policies = False
 
     @classmethod
     def start(
@@ -89,6 +91,7 @@ class OperatorProcess:
                     "--job-image",
                     ":".join(operator_image()),
                     *(f"--allowed-destination={host}" for host in TEST_DESTINATIONS),
+                    *(["--network-policies"] if self.network_policies else []),
                 ],
                 cwd=REPO,
                 env=env,
