@@ -49,9 +49,9 @@ class ServiceBindingSpec(ApiModel):
     )
     workload: Workload | None = Field(
         default=None,
-        description="The application bound (its pods' labels). With the operator's NetworkPolicies "
-        "on, only these pods of the namespace (besides the operator's and the instance's own) reach "
-        "the instance; a binding without it lets none in.",
+        description="The application bound, by its pods' labels. With the operator's NetworkPolicies "
+        "on, the instance lets these pods of the binding's namespace in (besides the operator's, its "
+        "own and the operator's Jobs); without a workload, the binding lets no pod in.",
     )
 
 
