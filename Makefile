@@ -13,7 +13,7 @@ E2E_WORKERS ?= 2
 
 # Debian packages the test bed and the tests need.
 DEBIAN_PACKAGES := containerd runc containernetworking-plugins debootstrap iptables conntrack \
-	iproute2 openssl curl ca-certificates gcc libc6-dev python3-venv postgresql-client shellcheck zstd
+	iproute2 openssl curl ca-certificates gcc libc6-dev python3-venv postgresql-client shellcheck zstd ipset
 
 .PHONY: help
 help: ## list the targets

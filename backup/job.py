@@ -54,11 +54,14 @@ def build_job(
     deadline_seconds: int = DEFAULT_DEADLINE,
     retries: int = 0,
     owned_by: tuple[str, dict[str, Any]] | None = None,
+    client_of: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    """The Job `<owner>-<action>`, owned by `owner` unless `owned_by` (kind, body) says another."""
+    """The Job `<owner>-<action>`, owned by `owner` unless `owned_by` (kind, body) says another;
+    `client_of`: the labels that let it through the NetworkPolicy of the instance it reaches
+    (`framework.network_policy.client_labels`)."""
     meta = owner["metadata"]
     name = job_name(meta["name"], action)
-    labels = {LABEL_MANAGED_BY: MANAGER, LABEL_PART_OF: "statefleet", JOB_LABEL: name}
+    labels = {**(client_of or {}), LABEL_MANAGED_BY: MANAGER, LABEL_PART_OF: "statefleet", JOB_LABEL: name}
     credentials = [
         {"name": key, "valueFrom": {"secretKeyRef": {"name": storage.credentials_secret, "key": key}}}
         for key in CREDENTIAL_KEYS

@@ -202,6 +202,7 @@ class JobKind(ObjectKind):
         storage: S3Spec,
         service_env: list[dict[str, Any]],
         owned_by: tuple[str, dict[str, Any]] | None = None,
+        client_of: dict[str, str] | None = None,
     ) -> None:
         if not self.job_image:
             raise StorageError("NoJobImage", "the operator runs without --job-image: it cannot start Jobs")
@@ -216,6 +217,7 @@ class JobKind(ObjectKind):
             deadline_seconds=start.deadline_seconds,
             retries=start.retries,
             owned_by=owned_by,
+            client_of=client_of,
         )
         await client.create(codecs.from_dict(job))
 

@@ -53,6 +53,7 @@ from framework.kube.jobs import job_name, observe_job, termination
 from framework.kube.meta import LABEL_INSTANCE, LABEL_NAME, owner_reference
 from framework.kube.secrets import decoded
 from framework.kube.times import now_text
+from framework.network_policy import client_labels
 from framework.object_controller import Outcome
 from framework.plugin import ServicePlugin
 
@@ -241,7 +242,8 @@ class RestoreKind(JobKind):
                 assert view.storage is not None
                 env = backups_of(plugin).job_env(view.spec.target.name) if action.service_env else []
                 owned_by = (plugin.kind, target) if action.owned_by_target and target else None
-                await self.start_job(client, body, action, view.storage, env, owned_by)
+                reaches = client_labels(plugin.service, view.spec.target.name) if action.service_env else None
+                await self.start_job(client, body, action, view.storage, env, owned_by, reaches)
             case DeleteJob():
                 await self.delete_job(client, body, action)
             case Ask():

@@ -38,6 +38,7 @@ from backup.take_plan import (
 from framework.kube.api import EventNote, get_or_none
 from framework.kube.jobs import job_name, observe_job
 from framework.kube.times import now_text, parse_time
+from framework.network_policy import client_labels
 from framework.object_controller import Outcome
 from framework.plugin import ServicePlugin
 
@@ -117,7 +118,8 @@ class BackupKind(JobKind):
                     assert plugin.backups is not None
                     assert view.storage is not None
                     env = plugin.backups.job_env(view.spec.service.name)
-                    await self.start_job(client, body, action, view.storage, env)
+                    reaches = client_labels(plugin.service, view.spec.service.name)
+                    await self.start_job(client, body, action, view.storage, env, client_of=reaches)
                 case DeleteJob():
                     await self.delete_job(client, body, action)
                 case DeleteObjects():

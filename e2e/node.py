@@ -98,11 +98,20 @@ def block_loopback_port(pod_uid: str, port: int) -> None:
     subprocess.run(["nsenter", "-t", str(pid), "-n", "iptables", "-I", "INPUT", *rule], check=True)
 
 
+def network_policies_enforced() -> bool:
+    """Whether the node enforces NetworkPolicies: kube-router's chains are in place (up.sh)."""
+    found = subprocess.run(["iptables", "-w", "-n", "-L", "KUBE-NWPLCY-DEFAULT"], capture_output=True)
+    return found.returncode == 0
+
+
 # The operators of a partition test run with this group id: a partition drops their packets only
 # (the host's iptables match the sending process's group), so the primary's clients, its
 # kubelet and its standbys still reach it, as when a network fault isolates the operator.
 PARTITIONED_GROUP = 61234
 PARTITION_COMMENT = "statefleet-test-partition"
+# In the raw table: kube-router (the NetworkPolicy enforcer) rewrites the filter table whole on
+# each of its syncs, and a rule inserted there between its save and its restore would be lost.
+PARTITION_TABLE = "raw"
 
 
 def _partition_rule(pod_ip: str) -> list[str]:
@@ -125,12 +134,16 @@ def _partition_rule(pod_ip: str) -> list[str]:
 
 def cut_off(pod_ip: str) -> None:
     """Every packet an operator of PARTITIONED_GROUP sends to `pod_ip` is dropped."""
-    subprocess.run(["iptables", "-w", "-I", *_partition_rule(pod_ip)], check=True)
+    subprocess.run(["iptables", "-w", "-t", PARTITION_TABLE, "-I", *_partition_rule(pod_ip)], check=True)
 
 
 def heal_partitions() -> None:
-    """Every rule `cut_off` inserted goes (those a killed run left too)."""
-    listed = subprocess.run(["iptables", "-w", "-S", "OUTPUT"], check=True, capture_output=True, text=True)
-    for line in listed.stdout.splitlines():
-        if PARTITION_COMMENT in line and line.startswith("-A "):
-            subprocess.run(["iptables", "-w", "-D", *line.split()[1:]], check=True)
+    """Every rule `cut_off` inserted goes (those a killed run left too, and those of a run from
+    before they moved to the raw table)."""
+    for table in (PARTITION_TABLE, "filter"):
+        listed = subprocess.run(
+            ["iptables", "-w", "-t", table, "-S", "OUTPUT"], check=True, capture_output=True, text=True
+        )
+        for line in listed.stdout.splitlines():
+            if PARTITION_COMMENT in line and line.startswith("-A "):
+                subprocess.run(["iptables", "-w", "-t", table, "-D", *line.split()[1:]], check=True)

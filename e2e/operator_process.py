@@ -41,6 +41,8 @@ class OperatorProcess:
         self.metrics_port = METRICS_PORT + port_offset
         self.process: subprocess.Popen[bytes] | None = None
         self.stopped_in = 0.0
+        # --network-policies from the next launch on (a restart): every instance gets one.
+        self.network_policies = False
 
     @classmethod
     def start(
@@ -89,6 +91,7 @@ class OperatorProcess:
                     "--job-image",
                     ":".join(operator_image()),
                     *(f"--allowed-destination={host}" for host in TEST_DESTINATIONS),
+                    *(["--network-policies"] if self.network_policies else []),
                 ],
                 cwd=REPO,
                 env=env,
@@ -180,6 +183,10 @@ class InProcessOperator:
             liveness=None,
             leader_election=False,
             allowed_destination=list(TEST_DESTINATIONS),
+            network_policies=False,
+            operator_namespace=None,
+            operator_pod_labels=None,
+            network_policy_extra_from=None,
         )
         self.log_path = REPO / ".testbed" / "logs" / log_name
         self.stop_flag = threading.Event()

@@ -1,6 +1,8 @@
 """The Helm chart installs a working operator: proven by creating a Postgres through it and
 running a verified backup plan, which touches every kind of object the release's role grants;
-then its leader is killed and the standby replica takes over."""
+then its leader is killed and the standby replica takes over. Its NetworkPolicies are on: the
+operator reaches the instance from its pods, and the backup and restore Jobs reach theirs,
+through the policies (enforced on the test bed by kube-router)."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.apps_v1 import Deployment
 from lightkube.resources.coordination_v1 import Lease
 from lightkube.resources.core_v1 import Namespace, Pod
+from lightkube.resources.networking_v1 import NetworkPolicy
 
 from e2e import node
 from e2e.kube import REPO, get_or_none, kubeconfig_path, kubectl, operator_image, wait_until
@@ -41,6 +44,7 @@ def install(namespace: str) -> None:
         "--namespace", namespace, "--wait", "--timeout", "3m",
         "--set", f"image.repository={repository}", "--set", f"image.tag={tag}",
         "--set", f"watchNamespaces={{{namespace}}}", "--set", "resources.requests.cpu=10m",
+        "--set", "networkPolicies.enabled=true",
     )  # fmt: skip
 
 
@@ -77,6 +81,9 @@ def test_chart_installs_an_operator_that_serves_postgres(
         ("create", "statefulsets", chart_namespace, True),
         ("get", "secrets", chart_namespace, True),
         ("create", "jobs", chart_namespace, True),
+        ("create", "networkpolicies", chart_namespace, True),
+        ("delete", "networkpolicies", chart_namespace, True),  # pruned when the value is turned off
+        ("create", "networkpolicies", "default", False),
         ("list", "secrets", chart_namespace, False),  # never listed, read by name
         ("get", "secrets", "kube-system", False),
         ("create", "statefulsets", "default", False),
@@ -104,6 +111,19 @@ def test_chart_installs_an_operator_that_serves_postgres(
     create(kube, chart_namespace, "viachart", {"version": "15", "storage": {"size": "1Gi"}})
     status = wait_ready(kube, chart_namespace, "viachart", 1)
     assert status["currentPrimary"] == "viachart-0"
+    # Ready through its NetworkPolicy: the operator's pods (this namespace, the release's labels)
+    # are the peer that lets the operator ask the server.
+    policy = kube.get(NetworkPolicy, "viachart-ingress", namespace=chart_namespace).to_dict()
+    assert policy["metadata"]["ownerReferences"][0]["name"] == "viachart"
+    assert policy["spec"]["ingress"][0]["from"][0] == {
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": chart_namespace}},
+        "podSelector": {
+            "matchLabels": {
+                "app.kubernetes.io/name": "statefleet",
+                "app.kubernetes.io/instance": chart_namespace,
+            }
+        },
+    }
     # Backups, their plan, its restore test and the throwaway instance it creates and deletes.
     storage(kube, chart_namespace, "s3", bucket)
     plan = {

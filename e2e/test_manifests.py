@@ -28,6 +28,7 @@ from backup.storage import S3Spec
 from e2e.kube import REPO
 from framework.catalog import Catalog
 from framework.instance_plan import plan
+from framework.network_policy import NetworkPolicies, client_labels
 from framework.plugin import Observed
 from services.mongodb import PLUGIN as MONGODB
 from services.postgres import PLUGIN as POSTGRES
@@ -53,13 +54,35 @@ STORAGE = {
     "spec": {"s3": {"endpoint": "http://s3.storage.svc:9000", "bucket": "backups", "credentialsSecret": "k"}}
 }
 TOOLS_IMAGE = "localhost/statefleet/operator:0123456789abcdef"
+PROMETHEUS = {
+    "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}},
+    "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}},
+}
+# The operator's NetworkPolicies on, as the chart's networkPolicies value sets them (each instance
+# then has one, validated and scored with the rest).
+NETWORK_POLICIES = NetworkPolicies(
+    "ops", {"app.kubernetes.io/name": "statefleet", "app.kubernetes.io/instance": "statefleet"}, (PROMETHEUS,)
+)
+BINDINGS = [
+    {"metadata": {"name": "web"}, "spec": {"service": {"kind": kind, "name": name}, "workload": workload}}
+    for kind, name, workload in (
+        ("Postgres", "demo", {"selector": {"matchLabels": {"app": "web"}}}),
+        ("RabbitMQ", "events", {"selector": {"matchExpressions": [{"key": "tier", "operator": "Exists"}]}}),
+    )
+]
 # What a platform team sets, each rendered: the defaults, namespaces named (namespaced
-# rights), one replica without leader election, Slack allowed.
+# rights), one replica without leader election, Slack allowed, NetworkPolicies with Prometheus.
 CHART_VALUES = [
     [],
     ["--set", "watchNamespaces={shop,billing}"],
     ["--set", "leaderElection.enabled=false", "--set", "replicas=1"],
     ["--set", "outbound.allowedDestinations={*.svc,hooks.slack.com}"],
+    [
+        "--set",
+        "networkPolicies.enabled=true",
+        "--set-json",
+        f"networkPolicies.extraIngressFrom=[{json.dumps(PROMETHEUS)}]",
+    ],
 ]
 
 
@@ -96,8 +119,11 @@ def instances() -> Iterator[dict[str, Any]]:
             spec=spec,
             status={},
             references={"walStorage": STORAGE},
+            bindings=BINDINGS,
         )
-        planned = plan(plugin, observed, CATALOG, "uid-1", tools_image=TOOLS_IMAGE)
+        planned = plan(
+            plugin, observed, CATALOG, "uid-1", tools_image=TOOLS_IMAGE, network_policies=NETWORK_POLICIES
+        )
         yield from planned.secrets_to_create
         for child in planned.children:
             yield child
@@ -112,7 +138,7 @@ def instances() -> Iterator[dict[str, Any]]:
     storage = S3Spec(endpoint="http://s3.storage.svc:9000", bucket="backups", credentials_secret="k")
     yield build_job(
         owner_kind="Backup", owner=owner, action="backup", request={}, storage=storage, service_env=[],
-        image=TOOLS_IMAGE,
+        image=TOOLS_IMAGE, client_of=client_labels("postgres", "demo"),
     )  # fmt: skip
     owner_reference = {
         "apiVersion": "statefleet.dev/v1alpha1",
@@ -122,8 +148,8 @@ def instances() -> Iterator[dict[str, Any]]:
     }
     yield build_cli_job(
         job="events-scale-down", namespace="shop", instance="events", image="localhost/statefleet/rabbitmq:4",
-        script="rabbitmqctl list_queues", cookie_secret="events-erlang-cookie", labels={},
-        owner=owner_reference, inter_node_tls=True,
+        script="rabbitmqctl list_queues", cookie_secret="events-erlang-cookie",
+        labels=client_labels("rabbitmq", "events"), owner=owner_reference, inter_node_tls=True,
     )  # fmt: skip
 
 

@@ -12,21 +12,34 @@ import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
 from cryptography import x509
 from lightkube import Client
 from lightkube.models.meta_v1 import ObjectMeta
-from lightkube.resources.core_v1 import Event, Secret, Service
+from lightkube.resources.core_v1 import Event, Pod, Secret, Service
+from lightkube.resources.networking_v1 import NetworkPolicy
 from lightkube.types import PatchType
 
-from e2e.kube import apply, get_or_none, ready_condition, secret_data, wait_reason, wait_until
+from e2e import node
+from e2e.kube import (
+    apply,
+    get_or_none,
+    pod_logs,
+    ready_condition,
+    secret_data,
+    wait_pod_finished,
+    wait_reason,
+    wait_until,
+)
 from e2e.namespaces import DeletedNamespaces, namespace_prefix, new_namespace
 from e2e.operator_process import OperatorProcess
-from e2e.test_postgres import Postgres, create, execute, query, wait_ready
+from e2e.test_postgres import Postgres, create, execute, patch_spec, query, wait_ready
 from framework.binding import ServiceBindingKind
 from framework.certificates import plan_tls
+from framework.kube.pod_security import restricted
 from services.postgres.users import PostgresUserKind
 
 # One worker runs the steps, in this order: they share one instance.
@@ -352,3 +365,123 @@ def test_tls_verify_full_with_the_binding_ca_and_a_renewed_certificate(
     with verified(root) as conn:  # the same CA: the application's copy still verifies
         assert conn.execute("select 1").fetchone() == (1,)
     assert events(kube, namespace, "demo", "CertificateIssued")
+
+
+def client_pod(name: str, image: str, labels: dict[str, str], binding: str, tries: int) -> dict[str, Any]:
+    """A one-shot application pod that logs in with the binding's Secret and asks who it is,
+    `tries` times a second apart until it can (the enforcer lets a new pod in once it has seen
+    its address, as an application retries)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": labels},
+        "spec": restricted(
+            {
+                "restartPolicy": "Never",
+                "securityContext": {"runAsUser": 999, "runAsGroup": 999},
+                "containers": [
+                    {
+                        "name": "psql",
+                        "image": image,
+                        "imagePullPolicy": "IfNotPresent",
+                        "command": [
+                            "bash",
+                            "-c",
+                            'for _ in $(seq "$0"); do psql -v ON_ERROR_STOP=1 -tAc "select current_user" '
+                            "&& exit 0; sleep 1; done; exit 1",
+                            str(tries),
+                        ],
+                        "env": [
+                            {"name": "PGCONNECT_TIMEOUT", "value": "10"},
+                            *(
+                                {
+                                    "name": variable,
+                                    "valueFrom": {"secretKeyRef": {"name": binding, "key": key}},
+                                }
+                                for variable, key in (
+                                    ("PGHOST", "host"),
+                                    ("PGUSER", "username"),
+                                    ("PGPASSWORD", "password"),
+                                    ("PGDATABASE", "database"),
+                                )
+                            ),
+                        ],
+                    }
+                ],
+            }
+        ),
+    }
+
+
+def run_client(kube: Client, namespace: str, pod: dict[str, Any]) -> tuple[str, str, float]:
+    """The pod's phase and log once it ended, and how long it ran; the pod is deleted."""
+    name = pod["metadata"]["name"]
+    kube.create(Pod.from_dict(pod), namespace=namespace)
+    ended = wait_pod_finished(kube, name, namespace, timeout=90)
+    terminated = ended.status.containerStatuses[0].state.terminated
+    took = (terminated.finishedAt - terminated.startedAt).total_seconds()
+    log = pod_logs(kube, name, namespace)
+    kube.delete(Pod, name, namespace=namespace, grace_period=0)
+    wait_until(f"pod {name} gone", lambda: get_or_none(kube, Pod, name, namespace) is None, timeout=60)
+    return ended.status.phase, log, took
+
+
+def test_network_policies_let_in_the_bound_application_and_the_standbys_only(
+    kube: Client, namespace: str, demo: str, operator: OperatorProcess
+) -> None:
+    """With the operator's NetworkPolicies on (and kube-router enforcing them on the node): a pod
+    labelled as a binding's workload logs in, an unlabelled pod of the same namespace is refused,
+    a new standby clones and streams through the policy; turned off, the policy goes and the
+    unlabelled pod logs in. The operator runs on the host here, not in a pod: the node's own
+    traffic always reaches the pods (kube-router accepts a local source address)."""
+    assert node.network_policies_enforced(), (
+        "no NetworkPolicy enforcer on the node: make testbed-up starts one"
+    )
+    apply(
+        kube,
+        ServiceBinding,
+        namespace,
+        "shop",
+        {
+            "service": {"kind": "Postgres", "name": "demo"},
+            "workload": {"selector": {"matchLabels": {"app": "shop"}}},
+        },
+    )
+    wait_reason(kube, ServiceBinding, namespace, "shop", "Bound", timeout=120)
+    image = kube.get(Postgres, "demo", namespace=namespace).to_dict()["status"]["image"]  # has psql
+    operator.network_policies = True
+    operator.restart()
+    try:
+        shop = {"podSelector": {"matchLabels": {"app": "shop"}}}
+
+        def policy_with_the_binding() -> bool:
+            policy = get_or_none(kube, NetworkPolicy, "demo-ingress", namespace)
+            return policy is not None and shop in policy.to_dict()["spec"]["ingress"][0]["from"]
+
+        wait_until("demo-ingress letting in the binding's pods", policy_with_the_binding, timeout=60)
+        phase, log, _ = run_client(kube, namespace, client_pod("shop", image, {"app": "shop"}, "shop", 20))
+        assert (phase, log.strip()) == ("Succeeded", "shop"), log
+        phase, log, took = run_client(
+            kube, namespace, client_pod("stranger", image, {"app": "other"}, "shop", 5)
+        )
+        assert phase == "Failed", log
+        # kube-router rejects (ICMP port unreachable): refused at once rather than a timeout.
+        refusals = [line for line in log.splitlines() if "Connection refused" in line or "timeout" in line]
+        assert len(refusals) >= 5, log
+        assert "shop" not in log.split(), log
+        print(f"the unlabelled pod, 5 tries in {took:.1f} s: {refusals[-1]}")
+        # The instance's own pods reach each other: a new standby clones the primary and streams.
+        patch_spec(kube, namespace, "demo", {"instances": 2})
+        wait_ready(kube, namespace, "demo", 2)
+        streaming = "select count(*) from pg_stat_replication where state = 'streaming'"
+        assert query(kube, namespace, "demo-rw", streaming) == 1
+    finally:
+        operator.network_policies = False
+        operator.restart()
+    wait_until(
+        "demo-ingress deleted once the operator makes none",
+        lambda: get_or_none(kube, NetworkPolicy, "demo-ingress", namespace) is None,
+        timeout=90,
+    )
+    phase, log, _ = run_client(kube, namespace, client_pod("stranger", image, {"app": "other"}, "shop", 20))
+    assert (phase, log.strip()) == ("Succeeded", "shop"), log

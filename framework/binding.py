@@ -6,7 +6,9 @@ controller makes the user inside the service; once that user is ready, the bindi
 Secret from the plugin's `bindings.secret_data`. Both are owned by the binding, so deleting it removes
 them, and the user resource's finalizer removes the user from the service. The binding's
 status carries `binding.name`, the Provisioned Service duck type: a servicebinding.io
-implementation can project the Secret into workloads.
+implementation can project the Secret into workloads. `spec.workload.selector` names the
+application's pods (servicebinding.io's workload, by the labels of its pods): with the operator's
+NetworkPolicies on, the instance's policy lets them in (`framework.network_policy`).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from framework.kube.api import get_or_none
 from framework.kube.meta import API_VERSION, LABEL_MANAGED_BY, LABEL_PART_OF, MANAGER, owner_reference
 from framework.kube.model import ApiModel, StatusModel
 from framework.kube.secrets import decoded
+from framework.network_policy import Workload
 from framework.object_controller import ObjectKind, Outcome, Ref
 from framework.plugin import TLS_SERVER, ServicePlugin
 
@@ -43,6 +46,12 @@ class ServiceBindingSpec(ApiModel):
         max_length=253,
         pattern=NAME_PATTERN,
         description="The Secret the application mounts; the binding's name when empty.",
+    )
+    workload: Workload | None = Field(
+        default=None,
+        description="The application bound, by its pods' labels. With the operator's NetworkPolicies "
+        "on, the instance lets these pods of the binding's namespace in (besides the operator's, its "
+        "own and the operator's Jobs); without a workload, the binding lets no pod in.",
     )
 
 

@@ -22,6 +22,7 @@ from lightkube.core.exceptions import ApiError
 from lightkube.generic_resource import create_namespaced_resource
 from lightkube.resources.apps_v1 import StatefulSet
 from lightkube.resources.core_v1 import ConfigMap, Pod, Secret, Service
+from lightkube.resources.networking_v1 import NetworkPolicy
 from lightkube.resources.policy_v1 import PodDisruptionBudget
 from lightkube.types import PatchType
 
@@ -36,6 +37,7 @@ from framework.kube.queue import WorkQueue
 from framework.kube.runtime import StaleStatus, StatusWriter, resync_forever
 from framework.kube.secrets import NEXT_PASSWORD, PASSWORD
 from framework.kube.status import decides
+from framework.network_policy import NetworkPolicies
 from framework.plugin import TLS_CA, TLS_SERVER, Inspection, Observed, ServicePlugin, random_text
 from framework.rollout.controller import Rollout, RolloutController
 
@@ -50,7 +52,31 @@ CHILD_RESOURCES = {
     "PodDisruptionBudget": PodDisruptionBudget,
     "StatefulSet": StatefulSet,
     "StatefulsetRollout": Rollout,
+    "NetworkPolicy": NetworkPolicy,
 }
+# Children the framework itself renders for every plugin (pruned whatever the plugin renders):
+# the NetworkPolicy, when the operator makes them.
+FRAMEWORK_CHILD_KINDS = ("NetworkPolicy",)
+BINDINGS_INDEX = "statefleet-bindings-by-instance"
+BINDINGS_PLURAL = "servicebindings"
+
+
+def binding_key(body: Any) -> tuple[str, str, str] | None:
+    """The instance a ServiceBinding names: (namespace, kind, name)."""
+    service = (body.get("spec") or {}).get("service") or {}
+    namespace = (body.get("metadata") or {}).get("namespace")
+    if not (namespace and service.get("kind") and service.get("name")):
+        return None
+    return (namespace, service["kind"], service["name"])
+
+
+async def index_binding(body: kopf.Body, **_: Any) -> dict[tuple[str, str, str], dict[str, Any]]:
+    """A ServiceBinding, by the instance it names: its name and spec (what a NetworkPolicy needs)."""
+    key = binding_key(body)
+    if key is None:
+        return {}
+    metadata = {k: body["metadata"][k] for k in ("name", "deletionTimestamp") if body["metadata"].get(k)}
+    return {key: {"metadata": metadata, "spec": dict(body.get("spec") or {})}}
 
 
 def rotation_moved(before: dict[str, Any], after: dict[str, Any]) -> bool:
@@ -73,9 +99,14 @@ class InstanceController:
         plugins: Iterable[ServicePlugin],
         rollouts: RolloutController,
         tools_image: str = "",
+        network_policies: NetworkPolicies | None = None,
     ) -> None:
         self.client = client
         self.tools_image = tools_image
+        # None: the operator makes no NetworkPolicies (and prunes those it made before).
+        self.network_policies = network_policies
+        self._bindings: Any = {}  # kopf's index of ServiceBindings by instance, when they are needed
+        self._bound_to: dict[str, tuple[str, str, str]] = {}  # a binding's uid -> the instance it named
         self.catalog = catalog
         self.plugins = {plugin.service: plugin for plugin in plugins}
         self.queue = WorkQueue(self._reconcile_once, self._describe)
@@ -159,6 +190,11 @@ class InstanceController:
             key: await get_or_none(self.client, reference.resource, reference.name, namespace)
             for key, reference in plugin.references(dict(body.get("spec") or {})).items()
         }
+        bindings = (
+            [dict(b) for b in self._bindings.get((namespace, plugin.kind, name), ())]
+            if self.network_policies is not None
+            else []
+        )
         return Observed(
             name=name,
             namespace=namespace,
@@ -176,6 +212,7 @@ class InstanceController:
             ca_certificate=ca_certificate,
             references=references,
             pods_refused=refused,
+            bindings=bindings,
         )
 
     # --- act --------------------------------------------------------------------------------
@@ -307,7 +344,7 @@ class InstanceController:
     async def _prune(self, plugin: ServicePlugin, observed: Observed, children: list[dict[str, Any]]) -> None:
         wanted = {(c["kind"], c["metadata"]["name"]) for c in children}
         selector = {LABEL_NAME: plugin.service, LABEL_INSTANCE: observed.name, LABEL_MANAGED_BY: MANAGER}
-        for kind in plugin.child_kinds:
+        for kind in (*plugin.child_kinds, *FRAMEWORK_CHILD_KINDS):
             resource = CHILD_RESOURCES[kind]
             async for existing in self.client.list(resource, namespace=observed.namespace, labels=selector):
                 if (kind, existing.metadata.name) not in wanted:
@@ -354,6 +391,7 @@ class InstanceController:
                 force_apply,
                 time.time(),
                 self.tools_image,
+                self.network_policies,
             )
             try:
                 await self.execute(plugin, body, planned, observed)
@@ -456,6 +494,8 @@ class InstanceController:
 
         managed = {LABEL_MANAGED_BY: MANAGER}
         kopf.on.event("apps", "v1", "statefulsets", labels=managed, id="statefulset-changed")(child_changed)
+        if self.network_policies is not None:
+            self._register_bindings()
         kopf.on.event(
             "",
             "v1",
@@ -463,6 +503,32 @@ class InstanceController:
             labels={LABEL_INSTANCE: kopf.PRESENT, LABEL_NAME: kopf.PRESENT},
             id="pod-changed",
         )(child_changed)
+
+    def _register_bindings(self) -> None:
+        """The ServiceBindings, indexed by the instance they name (no request per pass); a
+        binding made, changed or deleted sends its instance round (and the one it named
+        before), whose NetworkPolicy then lets its workload in or no longer does."""
+        kopf.index(GROUP, VERSION, BINDINGS_PLURAL, id=BINDINGS_INDEX)(index_binding)
+
+        @kopf.on.startup(id="statefleet-bindings-index")
+        async def attach(**indices: Any) -> None:
+            self._bindings = indices[BINDINGS_INDEX]
+
+        by_kind = {plugin.kind: plugin for plugin in self.plugins.values()}
+
+        async def binding_changed(body: kopf.Body, type: str | None = None, **_: Any) -> None:
+            uid = body["metadata"].get("uid", "")
+            keys = {self._bound_to.pop(uid, None)}
+            now = binding_key(body)
+            if type != "DELETED" and now is not None:
+                self._bound_to[uid] = now
+            keys.add(now)
+            for key in keys:
+                plugin = by_kind.get(key[1]) if key else None
+                if key is not None and plugin is not None:
+                    self.queue.soon((plugin.service, key[0], key[2]))
+
+        kopf.on.event(GROUP, VERSION, BINDINGS_PLURAL, id="binding-changed-instance")(binding_changed)
 
     def _register_plugin(self, plugin: ServicePlugin) -> None:
         async def resource_changed(body: dict[str, Any], **_: Any) -> None:

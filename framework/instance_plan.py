@@ -36,6 +36,7 @@ from framework.kube.pods import has_run
 from framework.kube.secrets import decoded
 from framework.kube.status import without_kopf
 from framework.kube.times import format_time
+from framework.network_policy import NetworkPolicies, build_network_policy
 from framework.plugin import (
     INVALID_SPEC,
     RENDER_FAILED,
@@ -100,10 +101,13 @@ def plan(
     force_apply: bool = False,
     now: float = 0.0,
     tools_image: str = "",
+    network_policies: NetworkPolicies | None = None,
 ) -> Plan:
     """What to do about one resource. Children are applied when what the templates render
     changed since the last apply (`status.childrenHash`), when the StatefulSet is missing, or
-    when `force_apply` (the periodic resync, which also repairs hand edits)."""
+    when `force_apply` (the periodic resync, which also repairs hand edits). With
+    `network_policies`, the instance's NetworkPolicy is the first of its children (its pods are
+    fenced before they start); without, none is rendered, so the apply prunes one made before."""
     try:
         spec = plugin.spec_model.model_validate(observed.spec)
     except ValidationError as error:
@@ -165,6 +169,11 @@ def plan(
         return _invalid(
             observed, RENDER_FAILED, f"the templates could not render this spec: {error}", operations
         )
+    if network_policies is not None:
+        policy = build_network_policy(
+            network_policies, plugin.service, plugin.kind, observed.name, observed.bindings
+        )
+        rendered_children = [policy, *rendered_children]
     children = [
         decorate(restricted_workload(child), labels, owner, observed.namespace) for child in rendered_children
     ]

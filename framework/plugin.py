@@ -119,6 +119,9 @@ class Observed:
     references: dict[str, dict[str, Any] | None] = field(default_factory=dict)
     # Why the API refuses the StatefulSet's missing pods (admission, a quota), when it does.
     pods_refused: str | None = None
+    # The ServiceBindings that name the instance (read only when the operator makes
+    # NetworkPolicies: their workloads are let in).
+    bindings: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,7 @@ from framework.instance_controller import InstanceController
 from framework.kube import kopf_fixes, metrics
 from framework.kube.leader import LeaderElector, LeadershipLost, Timing, standby_health
 from framework.kube.meta import MANAGER
+from framework.network_policy import NetworkPolicies, SettingsError
 from framework.object_controller import ObjectController
 from framework.rollout import commands as rollout_commands
 from framework.rollout.controller import RolloutController
@@ -98,11 +99,12 @@ async def run_operator(
             await elector.acquire()
     if args.install_crds:
         await install_crds(client)
+    network_policies = network_policy_settings(args)
     plugins = load_plugins()
     rollouts = RolloutController(client, in_process_hooks(plugins), args.allowed_destination or IN_CLUSTER)
     rollouts.register()
     catalog = load_catalog(plugins, Path(args.catalog) if args.catalog else None)
-    instances = InstanceController(client, catalog, plugins, rollouts, args.job_image)
+    instances = InstanceController(client, catalog, plugins, rollouts, args.job_image, network_policies)
     instances.register()
     objects = ObjectController(client, object_kinds(plugins, args.job_image), watched_kinds(plugins))
     objects.register()
@@ -153,6 +155,25 @@ async def run_operator(
             await elector.release()
 
 
+def network_policy_settings(args: argparse.Namespace) -> NetworkPolicies | None:
+    """The NetworkPolicies the operator makes (`--network-policies`), None when it makes none;
+    settings it cannot use stop it at once, naming them."""
+    if not args.network_policies:
+        return None
+    try:
+        settings = NetworkPolicies.from_settings(
+            args.operator_namespace, args.operator_pod_labels, args.network_policy_extra_from
+        )
+    except SettingsError as error:
+        raise SystemExit(f"--network-policies: {error}") from None
+    if settings.operator_namespace is None:
+        logging.getLogger("statefleet").warning(
+            "NetworkPolicies name no operator pods (no --operator-namespace and --operator-pod-labels): "
+            "an operator outside the cluster reaches the pods from its node"
+        )
+    return settings
+
+
 def fewer_malloc_arenas() -> None:
     """glibc gives each thread that allocates an arena of its own; the few threads here (the
     metrics server, kopf's and asyncio's helpers) then hold tens of MiB each. Two are plenty."""
@@ -182,6 +203,28 @@ def main(argv: list[str] | None = None) -> int:
         default=[],
         help="a host (shell glob) that rollouts' analyses, hooks and notifications may reach; "
         f"repeat for more (default: in-cluster Services, {' '.join(IN_CLUSTER)}; * for anywhere)",
+    )
+    operator.add_argument(
+        "--network-policies",
+        action="store_true",
+        default=os.environ.get("STATEFLEET_NETWORK_POLICIES") == "true",
+        help="give every instance a NetworkPolicy: its pods take connections only from the operator's "
+        "pods, their own, the operator's Jobs, the bound applications' pods and the extra peers",
+    )
+    operator.add_argument(
+        "--operator-namespace",
+        default=os.environ.get("POD_NAMESPACE"),
+        help="the namespace of the operator's pods (let in by the NetworkPolicies)",
+    )
+    operator.add_argument(
+        "--operator-pod-labels",
+        default=os.environ.get("STATEFLEET_OPERATOR_POD_LABELS"),
+        help="the labels of the operator's pods, as JSON or k=v,k=v (let in by the NetworkPolicies)",
+    )
+    operator.add_argument(
+        "--network-policy-extra-from",
+        default=os.environ.get("STATEFLEET_NETWORK_POLICY_EXTRA_FROM"),
+        help="more peers every NetworkPolicy lets in: a JSON list of NetworkPolicyPeers (e.g. Prometheus)",
     )
     operator.add_argument("--install-crds", action="store_true", help="apply the CRDs first (development)")
     operator.add_argument(

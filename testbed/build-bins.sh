@@ -69,6 +69,12 @@ CGO_ENABLED=0 build_once "$S3_BIN" "$TESTBED_SRC/gomod/s3" \
   "$GO_LDFLAGS_BASE -X main.Version=v$S3_VERSION" \
   github.com/versity/versitygw/cmd/versitygw
 
+# kube-router, run on the node as the NetworkPolicy enforcer only (up.sh): nothing else on the
+# test bed enforces NetworkPolicies.
+CGO_ENABLED=0 build_once "$KUBE_ROUTER_BIN" "$TESTBED_SRC/gomod/kuberouter" \
+  "$GO_LDFLAGS_BASE -X github.com/cloudnativelabs/kube-router/v2/pkg/version.Version=v$KUBE_ROUTER_VERSION" \
+  github.com/cloudnativelabs/kube-router/v2/cmd/kube-router
+
 # cert-manager's controllers under a main of ours (gomod/certmanager/main.go), with the
 # CRDs its module publishes; e2e installs both only for the cert-manager test.
 # FerretDB reads its version at start from a file its module does not ship: built from a copy

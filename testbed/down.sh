@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Stops the test bed and removes everything it made on the host: processes, containers,
-# mounts, network namespaces, the bridge, iptables rules, cgroups and sysctl changes.
+# mounts, network namespaces, the bridge, iptables rules and ipsets, cgroups and sysctl changes.
 # It works from what the host shows, not from this checkout's files, so it also cleans
 # up after a run that was killed in another clone. Idempotent. Caches are kept.
 # shellcheck source=testbed/lib.sh
@@ -97,10 +97,19 @@ for family in iptables ip6tables iptables-legacy ip6tables-legacy; do
   command -v "$family-save" >/dev/null || continue
   rules=$("$family-save" 2>/dev/null || true) # captured: grep -q would cut the pipe short
   if grep -qE 'KUBE-|CNI-' <<<"$rules"; then
-    say "removing $family rules of kube-proxy, the kubelet and CNI"
+    say "removing $family rules of kube-proxy, kube-router, the kubelet and CNI"
     grep -vE 'KUBE-|CNI-' <<<"$rules" | "$family-restore"
   fi
 done
+# kube-router's ipsets (pod addresses; its TMP- sets are left by a swap it did not finish), once
+# no rule refers to them.
+if command -v ipset >/dev/null; then
+  mapfile -t sets < <(ipset list -n 2>/dev/null | grep -E '^(inet6:)?(KUBE-SRC-|KUBE-DST-|TMP-)[A-Z2-7]{16}$' || true)
+  ((${#sets[@]})) && say "removing ${#sets[@]} ipsets of kube-router"
+  for set in "${sets[@]}"; do
+    ipset destroy "$set" 2>/dev/null || true
+  done
+fi
 if command -v conntrack >/dev/null; then
   conntrack -D -d "${SERVICE_CIDR%/*}" --mask-dst 255.255.0.0 >/dev/null 2>&1 || true
 fi

@@ -17,6 +17,7 @@ HELM_VERSION=3.22.0
 S3_VERSION=1.8.0 # Versity S3 Gateway
 CERT_MANAGER_VERSION=1.21.2
 FERRETDB_VERSION=1.24.2
+KUBE_ROUTER_VERSION=2.1.0 # as a NetworkPolicy controller only
 
 KUBE_BIN=$CACHE/bin/kube-v$KUBE_VERSION
 COREDNS_BIN=$CACHE/bin/coredns-v$COREDNS_VERSION
@@ -25,6 +26,7 @@ HELM_BIN=$CACHE/bin/helm-v$HELM_VERSION
 S3_BIN=$CACHE/bin/versitygw-v$S3_VERSION
 CERT_MANAGER_BIN=$CACHE/bin/cert-manager-v$CERT_MANAGER_VERSION  # the binary, and its CRDs in crds/
 FERRETDB_BIN=$CACHE/bin/ferretdb-v$FERRETDB_VERSION
+KUBE_ROUTER_BIN=$CACHE/bin/kube-router-v$KUBE_ROUTER_VERSION
 LINEARIZABILITY_BIN=$CACHE/bin/linearizability  # the chaos test's history checker (porcupine)
 # kubeconform and kube-score, with the OpenAPI document of the Kubernetes module (its schemas)
 MANIFEST_CHECKS_BIN=$CACHE/bin/manifest-checks-v$KUBE_VERSION

@@ -42,6 +42,7 @@ issue admin "/O=system:masters/CN=statefleet-testbed-admin" clientAuth
 issue controller-manager "/CN=system:kube-controller-manager" clientAuth
 issue scheduler "/CN=system:kube-scheduler" clientAuth
 issue kube-proxy "/CN=system:kube-proxy" clientAuth
+issue kube-router "/CN=statefleet-testbed:kube-router" clientAuth # the NetworkPolicy enforcer's reads
 issue s3-server "/CN=statefleet-testbed-s3" serverAuth "IP:$NODE_IP,IP:127.0.0.1,DNS:localhost"
 openssl genpkey -algorithm RSA -pkeyopt rsa_keygen_bits:2048 -out sa.key 2>/dev/null
 openssl pkey -in sa.key -pubout -out sa.pub 2>/dev/null
@@ -72,6 +73,6 @@ EOF
 }
 
 kubeconfig "$TB/kubeconfig" admin
-for component in controller-manager scheduler kube-proxy kubelet-client; do
+for component in controller-manager scheduler kube-proxy kube-router kubelet-client; do
   kubeconfig "$PKI/$component.kubeconfig" "$component"
 done

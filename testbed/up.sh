@@ -8,7 +8,7 @@ source "$(dirname "$0")/lib.sh"
 
 [[ $(id -u) == 0 ]] || die "the test bed runs a kubelet and containerd: run it as root"
 [[ -x $REPO/.venv/bin/python ]] || die "no Python venv: run 'make deps'"
-for tool in containerd ctr runc iptables iptables-save openssl debootstrap go gcc; do
+for tool in containerd ctr runc iptables iptables-save ipset openssl debootstrap go gcc; do
   command -v "$tool" >/dev/null || die "$tool missing: run 'make deps' (it installs the Debian packages)"
 done
 [[ -x /usr/lib/cni/bridge && -x /usr/lib/cni/host-local ]] || die "CNI plugins missing: run 'make deps'"
@@ -20,7 +20,7 @@ healthy() {
   [[ $(kubectl_admin get node "$NODE_NAME" -o 'jsonpath={.status.conditions[?(@.type=="Ready")].status}') == True ]] || return 1
   [[ $(kubectl_admin -n kube-system get deployment coredns -o 'jsonpath={.status.availableReplicas}') -ge 1 ]] || return 1
   local daemon
-  for daemon in kwok local-volumes s3; do
+  for daemon in kwok local-volumes s3 kube-router; do
     kill -0 "$(cat "$TB/pids/$daemon.pid" 2>/dev/null)" 2>/dev/null || return 1
   done
 }
@@ -44,7 +44,7 @@ started=$SECONDS
 # What building took, for `make test`'s budget line (a fresh machine has a larger budget).
 mkdir -p "$TB/logs"
 printf '{"seconds": %d, "finished_at": %d}\n' "$((SECONDS - started))" "$(date +%s)" >"$TB/logs/testbed-build.json"
-bins_stamp=$(cat "$KUBE_BIN/.stamp" "$COREDNS_BIN/.stamp" "$KWOK_BIN/.stamp")
+bins_stamp=$(cat "$KUBE_BIN/.stamp" "$COREDNS_BIN/.stamp" "$KWOK_BIN/.stamp" "$KUBE_ROUTER_BIN/.stamp")
 if healthy 2>/dev/null && [[ $(cat "$RUN/bins.stamp" 2>/dev/null) == "$bins_stamp" ]]; then
   import_images # a changed image recipe takes effect without a restart
   log "already up (kubeconfig: $KUBECONFIG_ADMIN)"
@@ -225,6 +225,19 @@ start_daemon kube-proxy "$KUBE_BIN/kube-proxy" --kubeconfig "$PKI/kube-proxy.kub
   --iptables-localhost-nodeports=false --oom-score-adj 0
 wait_for 90 "node $NODE_NAME Ready" bash -c \
   "[[ \$('$KUBECTL' --kubeconfig '$KUBECONFIG_ADMIN' get node $NODE_NAME -o 'jsonpath={.status.conditions[?(@.type==\"Ready\")].status}') == True ]]"
+
+# --- NetworkPolicies: kube-router enforces them on the node, as a firewall only (the bridge
+# routes, kube-proxy serves the Services). Its chains (KUBE-ROUTER-*, KUBE-POD-FW-*,
+# KUBE-NWPLCY-*, jumped to from INPUT, FORWARD and OUTPUT) match packets from or to this node's
+# pods' addresses only, and its ipsets (KUBE-SRC-*, KUBE-DST-*) hold pod addresses: the host's
+# own traffic passes as before. Traffic from the node itself (the kubelet's probes, an operator
+# run on the host) reaches every pod. down.sh removes its chains and ipsets.
+kubectl_admin apply -f "$TESTBED_SRC/manifests/kube-router.yaml" >/dev/null
+start_daemon kube-router "$KUBE_ROUTER_BIN/kube-router" --kubeconfig "$PKI/kube-router.kubeconfig" \
+  --hostname-override "$NODE_NAME" --run-firewall=true --run-router=false --run-service-proxy=false \
+  --enable-cni=false --enable-ipv6=false --service-cluster-ip-range "$SERVICE_CIDR" \
+  --health-port 0 --metrics-port 0
+wait_for 60 "kube-router's NetworkPolicy chains" iptables -w -n -L KUBE-NWPLCY-DEFAULT
 
 # --- cluster add-ons: CoreDNS, kwok ------------------------------------------------------
 kubectl_admin apply -f "$TESTBED_SRC/manifests/coredns.yaml" -f "$TESTBED_SRC/manifests/storage.yaml" >/dev/null

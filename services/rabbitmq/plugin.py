@@ -22,6 +22,7 @@ from framework.kube.meta import content_hash, owner_reference
 from framework.kube.pods import booting_since, pod_ip
 from framework.kube.secrets import NEXT_PASSWORD, PASSWORD, decoded
 from framework.kube.times import format_time
+from framework.network_policy import client_labels
 from framework.plugin import (
     CHANGE_REFUSED,
     TLS_SERVER,
@@ -409,7 +410,7 @@ class RabbitMQPlugin(ServicePlugin):
                 image=observed.status["image"],
                 script=scale_down.cli_script(action.calls),
                 cookie_secret=ERLANG_COOKIE.name(observed.name),
-                labels=self.labels(observed.name),
+                labels={**self.labels(observed.name), **client_labels(self.service, observed.name)},
                 owner=owner_reference(self.kind, owner.to_dict()),
                 inter_node_tls=action.inter_node_tls,
             )
