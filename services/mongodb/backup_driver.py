@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -22,6 +21,7 @@ from pymongo import MongoClient
 
 from backup.driver import CheckFailed, Driver, Sink, Source, Taken, WalArchive
 from backup.manifest import Manifest
+from services.mongodb.servers import write_ca_file
 
 SYSTEM_DATABASES = frozenset({"admin", "local", "config"})
 CHUNK = 4 * 1024 * 1024  # bytes of BSON per part sent to the storage
@@ -36,8 +36,6 @@ class DumpRefused(Exception):
 def connect() -> MongoClient:
     """The instance's client Service over TLS, its name verified with the instance CA
     (MONGODB_CA: pymongo reads a CA from a file only, written to the Job's /tmp)."""
-    with tempfile.NamedTemporaryFile("w", suffix=".pem", delete=False) as ca:
-        ca.write(os.environ["MONGODB_CA"])
     return MongoClient(
         host=os.environ["MONGODB_HOST"],
         port=int(os.environ["MONGODB_PORT"]),
@@ -47,7 +45,7 @@ def connect() -> MongoClient:
         directConnection=True,
         appname="statefleet-backup",
         tls=True,
-        tlsCAFile=ca.name,
+        tlsCAFile=write_ca_file(os.environ["MONGODB_CA"]),
     )
 
 

@@ -238,7 +238,9 @@ class MongoDBPlugin(ServicePlugin):
         recorded = observed.status.get("flavor")
         view = None if recorded == FERRETDB else replica_set(spec, observed)
         operations = self.operations(observed, view)
-        refusal = refuse_storage_change(spec.storage, observed)
+        refusal = refuse_storage_change(spec.storage, observed) or self.refuse_tls_change(
+            spec, version, observed
+        )
         if refusal:
             return ServicePlan(None, operations, refusal=Refusal(CHANGE_REFUSED, refusal))
         # initialized, which `operations` may set, is read only to decide whether to initiate:
@@ -247,6 +249,22 @@ class MongoDBPlugin(ServicePlugin):
             self.reading(spec, version, decided(observed, operations), view),
             operations,
             self.template_context(spec, version, observed, view),
+        )
+
+    def refuse_tls_change(
+        self, spec: MongoDBSpec, version: ResolvedVersion, observed: Observed
+    ) -> str | None:
+        """A mongod replica set keeps the TLS mode it was made with: members rolled one at a time
+        onto requireTLS could not reach those still taking plaintext, nor those onto them."""
+        if flavor_of(version) != MONGOD or not observed.status.get("initialized"):
+            return None
+        made_with = bool(observed.status.get("tlsRequired"))  # a set made before: no TLS at all
+        if spec.tls.required == made_with:
+            return None
+        return (
+            f"spec.tls.required: this mongod replica set was made with it {str(made_with).lower()}; "
+            "changing it would roll members that cannot reach each other: set it back, or back up "
+            "and restore into a new instance made with it"
         )
 
     def refuse_version(self, spec: MongoDBSpec, version: ResolvedVersion, observed: Observed) -> str | None:
@@ -415,15 +433,19 @@ class MongoDBPlugin(ServicePlugin):
             member_host(f"{observed.name}-{i}", observed.name, observed.namespace)
             for i in range(spec.members)
         ]
-        fields: dict[str, Any] = {"flavor": flavor, "rootSecret": ROOT.name(observed.name)}
+        fields: dict[str, Any] = {
+            "flavor": flavor,
+            "rootSecret": ROOT.name(observed.name),
+            "tlsRequired": spec.tls.required,  # not refused: what the servers are made with now
+        }
         if flavor == FERRETDB:
             answer = standalone_answer(observed)
             serving = answer is not None and ready == 1
             message = "FerretDB answers" if answer else "waiting for FerretDB to answer"
             tls_host = f"{service}:{FERRETDB_TLS_PORT}"
             fields["endpoints"] = {
-                "uri": None if spec.tls.required else f"mongodb://{service}:27017/",
                 "tlsUri": f"mongodb://{tls_host}/?tls=true",
+                **({} if spec.tls.required else {"uri": f"mongodb://{service}:27017/"}),
             }
             fields["hosts"] = [tls_host]
             return ServiceStatus(ready, spec.members, serving, message, fields=fields)
@@ -431,7 +453,10 @@ class MongoDBPlugin(ServicePlugin):
         serving = view.primary is not None and view.healthy > len(view.members) // 2
         complete = view.primary is not None and view.healthy == spec.members and set(view.members) == wanted
         members = f"mongodb://{','.join(hosts)}/?replicaSet={observed.name}"
-        fields["endpoints"] = {"uri": None if spec.tls.required else members, "tlsUri": f"{members}&tls=true"}
+        fields["endpoints"] = {
+            "tlsUri": f"{members}&tls=true",
+            **({} if spec.tls.required else {"uri": members}),
+        }
         fields["hosts"] = hosts
         return ServiceStatus(
             ready_instances=ready,

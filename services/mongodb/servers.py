@@ -19,7 +19,7 @@ from typing import Any
 
 from lightkube import AsyncClient
 from pymongo import AsyncMongoClient
-from pymongo.errors import OperationFailure, PyMongoError
+from pymongo.errors import AutoReconnect, OperationFailure, PyMongoError, ServerSelectionTimeoutError
 
 from framework.kube.secrets import Passwords, SecretValues
 from services.mongodb.replicaset import PORT, Hello, parse_hello
@@ -45,19 +45,21 @@ def tls_address(ip: str, flavor: str | None) -> str:
 
 def write_ca_file(pem: str) -> str:
     """A file holding `pem` (pymongo reads a CA only from a file), one per content, in the
-    temporary directory (an emptyDir in the operator's pod)."""
+    temporary directory (an emptyDir in the operator's pod, /tmp in a Job)."""
     path = Path(tempfile.gettempdir()) / "statefleet-ca" / f"{hashlib.sha256(pem.encode()).hexdigest()}.pem"
     if not path.exists():
         path.parent.mkdir(mode=0o700, exist_ok=True)
-        partial = path.with_suffix(f".{os.getpid()}.partial")
-        partial.write_text(pem)
-        partial.replace(path)  # whole or absent: never half a certificate
+        descriptor, partial = tempfile.mkstemp(dir=path.parent, suffix=".partial")  # one per writer
+        with os.fdopen(descriptor, "w") as out:
+            out.write(pem)
+        os.replace(partial, path)  # whole or absent: never half a certificate
     return str(path)
 
 
-def client_of(address: str, timeout_ms: int, ca: str, **credentials: Any) -> AsyncMongoClient:
+def client_of(address: str, timeout_ms: int, ca: str | None, **credentials: Any) -> AsyncMongoClient:
     """A client of the one server at `address` (no discovery of the rest of its set), over TLS
-    verified with the CA in file `ca`."""
+    verified with the CA in file `ca` (None: in clear)."""
+    tls: dict[str, Any] = {"tls": True, "tlsCAFile": ca, "tlsAllowInvalidHostnames": True} if ca else {}
     return AsyncMongoClient(
         host=address,
         directConnection=True,
@@ -65,11 +67,13 @@ def client_of(address: str, timeout_ms: int, ca: str, **credentials: Any) -> Asy
         connectTimeoutMS=timeout_ms,
         socketTimeoutMS=timeout_ms,
         appname="statefleet-operator",
-        tls=True,
-        tlsCAFile=ca,
-        tlsAllowInvalidHostnames=True,
+        **tls,
         **credentials,
     )
+
+
+def certificate_refused(error: BaseException) -> bool:
+    return "CERTIFICATE_VERIFY_FAILED" in str(error)
 
 
 def refused_login(error: Exception) -> bool:
@@ -91,6 +95,37 @@ class Servers:
             self._ca_files[pem] = await asyncio.to_thread(write_ca_file, pem)
         return self._ca_files[pem]
 
+    async def reach(
+        self,
+        client: AsyncClient,
+        namespace: str,
+        name: str,
+        address: str,
+        timeout_ms: int,
+        **credentials: Any,
+    ) -> AsyncMongoClient:
+        """A client whose first command (a ping: it needs no login, and proves one) answered. Over
+        TLS; mongod's port (27017) is asked in clear too when TLS is not taken there: a member
+        started before the instance had TLS (it is rolled onto it one member at a time).
+        A certificate refused makes the CA be read again (an instance made anew, a new CA)."""
+        ca = await self.ca_file(client, namespace, name)
+        attempts: list[str | None] = [ca, None] if address.endswith(f":{PORT}") else [ca]
+        for attempt, ca_file in enumerate(attempts, 1):
+            mongo = client_of(address, timeout_ms, ca_file, **credentials)
+            try:
+                await mongo.admin.command("ping")
+                return mongo
+            except BaseException as error:
+                await mongo.close()
+                if certificate_refused(error):
+                    self.ca.forget(namespace, name)
+                    raise
+                if attempt == len(attempts) or not isinstance(
+                    error, (AutoReconnect, ServerSelectionTimeoutError)
+                ):
+                    raise
+        raise AssertionError("unreachable")  # the loop returns or raises
+
     @asynccontextmanager
     async def connect(
         self,
@@ -101,23 +136,22 @@ class Servers:
         timeout_ms: int = PROBE_TIMEOUT_MS,
         authenticated: bool = True,
     ) -> AsyncIterator[AsyncMongoClient]:
-        ca = await self.ca_file(client, namespace, name)
         if not authenticated:
-            mongo = client_of(address, timeout_ms, ca)
+            mongo = await self.reach(client, namespace, name, address, timeout_ms)
         else:
             username = await self.usernames.get(client, namespace, name)
 
             async def attempt(password: str) -> AsyncMongoClient:
-                # The login is on the first use: a ping, so that a refused password shows here.
-                attempted = client_of(
-                    address, timeout_ms, ca, username=username, password=password, authSource="admin"
+                return await self.reach(
+                    client,
+                    namespace,
+                    name,
+                    address,
+                    timeout_ms,
+                    username=username,
+                    password=password,
+                    authSource="admin",
                 )
-                try:
-                    await attempted.admin.command("ping")
-                except BaseException:
-                    await attempted.close()
-                    raise
-                return attempted
 
             try:
                 mongo = await self.passwords.first_taken(client, namespace, name, attempt, refused_login)
@@ -149,16 +183,20 @@ class Servers:
         database: str,
     ) -> bool:
         """Whether these credentials open a session (False when refused, or no answer)."""
-        ca = await self.ca_file(client, namespace, name)
-        mongo = client_of(
-            address, PROBE_TIMEOUT_MS, ca, username=username, password=password, authSource=database
-        )
         try:
-            await mongo.admin.command("ping")
+            mongo = await self.reach(
+                client,
+                namespace,
+                name,
+                address,
+                PROBE_TIMEOUT_MS,
+                username=username,
+                password=password,
+                authSource=database,
+            )
         except PyMongoError:
             return False
-        finally:
-            await mongo.close()
+        await mongo.close()
         return True
 
     async def command(

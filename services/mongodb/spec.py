@@ -15,9 +15,11 @@ EVEN = "an even number of members cannot keep a majority when half are lost: use
 class MongoDBTlsSpec(ApiModel):
     required: bool = Field(
         default=False,
-        description="Only TLS: the servers refuse connections in clear (mongod: --tlsMode requireTLS; "
-        "FerretDB: its plaintext listener, 27017, is off). TLS is always on: mongod on 27017, "
-        "FerretDB on 27018.",
+        description="Only TLS: the servers refuse connections in clear (mongod: --tlsMode requireTLS, "
+        "the members speaking TLS to each other too; FerretDB: its plaintext listener, 27017, is off). "
+        "TLS is always on for clients: mongod on 27017 (allowTLS), FerretDB on 27018. On mongod it is "
+        "chosen when the replica set is made: a rolling change would leave members unable to reach "
+        "each other.",
     )
 
 
@@ -109,6 +111,10 @@ class MongoDBEndpoints(StatusModel):
 
 class MongoDBStatus(StatusModel):
     """The status fields the MongoDB plugin owns."""
+
+    tls_required: bool | None = Field(
+        default=None, description="spec.tls.required as the servers were made with it (mongod keeps it)"
+    )
 
     initialized: bool | None = Field(
         default=None, description="the replica set was initiated (or FerretDB answered)"

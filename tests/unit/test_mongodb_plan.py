@@ -81,8 +81,9 @@ def test_mongod_runs_a_replica_set_member_with_its_key_file() -> None:
     template = spec["statefulSet"]["template"]["spec"]
     args = template["containers"][0]["args"]
     assert args[:2] == ["mongod", "--replSet=catalog"]
-    # TLS on its one port, in clear too unless required; certificate and key in one file.
-    assert "--tlsMode=preferTLS" in args
+    # TLS on its one port, in clear too unless required (the members speak in clear to each
+    # other: one rolled onto TLS still reaches those not yet rolled); certificate and key in one file.
+    assert "--tlsMode=allowTLS" in args
     assert "--tlsCertificateKeyFile=/keyfile/server.pem" in args
     assert (
         "cat /etc/statefleet-tls/tls.crt /etc/statefleet-tls/tls.key > /keyfile/server.pem"
@@ -310,3 +311,36 @@ def test_the_server_cannot_change_under_the_data() -> None:
     assert ready["message"].startswith(
         "spec.version: 7.0 is served by mongod, and this instance's data is ferretdb's"
     )
+
+
+def test_a_mongod_set_keeps_the_tls_mode_it_was_made_with_and_ferretdb_changes_it() -> None:
+    made_before = {"initialized": True, "flavor": "mongod"}  # by an operator without TLS
+    planned = plan(
+        PLUGIN,
+        observed({**SPEC, "version": "7.0", "members": 3, "tls": {"required": True}}, status=made_before),
+        CATALOG,
+        "uid-1",
+    )
+    ready = next(c for c in planned.status["conditions"] if c["type"] == "Ready")
+    assert ready["reason"] == "ChangeRefused"
+    assert ready["message"].startswith("spec.tls.required: this mongod replica set was made with it false")
+    # Made with it: kept, and its status says so; the endpoints then offer TLS only.
+    made = plan(
+        PLUGIN,
+        observed(
+            {**SPEC, "version": "7.0", "members": 3, "tls": {"required": True}},
+            status={**made_before, "tlsRequired": True},
+        ),
+        CATALOG,
+        "uid-1",
+    )
+    assert made.status["tlsRequired"] is True
+    assert set(made.status["endpoints"]) == {"tlsUri"}
+    # FerretDB (one member, restarted as a whole) may change it.
+    ferretdb = plan(
+        PLUGIN,
+        observed({**SPEC, "tls": {"required": True}}, status={"initialized": True, "flavor": "ferretdb"}),
+        CATALOG,
+        "uid-1",
+    )
+    assert ferretdb.status["tlsRequired"] is True
