@@ -106,7 +106,8 @@ class InstanceController:
         # None: the operator makes no NetworkPolicies (and prunes those it made before).
         self.network_policies = network_policies
         self._bindings: Any = {}  # kopf's index of ServiceBindings by instance, when they are needed
-        self._bound_to: dict[str, tuple[str, str, str]] = {}  # a binding's uid -> the instance it named
+        # A binding's uid -> the instance it named and its workload, as last seen.
+        self._bound_to: dict[str, tuple[tuple[str, str, str] | None, str]] = {}
         self.catalog = catalog
         self.plugins = {plugin.service: plugin for plugin in plugins}
         self.queue = WorkQueue(self._reconcile_once, self._describe)
@@ -518,10 +519,13 @@ class InstanceController:
 
         async def binding_changed(body: kopf.Body, type: str | None = None, **_: Any) -> None:
             uid = body["metadata"].get("uid", "")
-            keys = {self._bound_to.pop(uid, None)}
             now = binding_key(body)
+            seen = (now, repr((body.get("spec") or {}).get("workload")))
+            if type != "DELETED" and self._bound_to.get(uid) == seen:
+                return  # its status written, or nothing a policy reads: no pass
+            keys = {(self._bound_to.pop(uid, None) or (None, ""))[0]}
             if type != "DELETED" and now is not None:
-                self._bound_to[uid] = now
+                self._bound_to[uid] = seen
             keys.add(now)
             for key in keys:
                 plugin = by_kind.get(key[1]) if key else None
