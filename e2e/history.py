@@ -5,7 +5,8 @@ under the list model of testbed/gomod/linearizability).
 Every client appends numbers to a set of its own (a key) and reads any set of the current or
 the previous epoch; a new epoch (one per disruption) starts new keys, so that each set's
 history stays short to check, while the writes made before a disruption are read after it.
-At the end, every set is read once more. An append whose answer was lost (a broken
+At the end, every set is read once more. Reads wait for a synchronous standby as appends do
+(see READ). An append whose answer was lost (a broken
 connection, a commit whose wait for a synchronous standby ended without one, which the server
 reports with a warning) has an unknown outcome: it may or may not be in the set, at any time
 after its call.
@@ -31,7 +32,12 @@ from e2e.kube import REPO
 CHECKER = REPO / ".testbed" / "bin" / "linearizability"
 SCHEMA = "create table if not exists history (key text, value int, primary key (key, value))"
 APPEND = "insert into history values (%s, %s)"
-READ = "select coalesce(array_agg(value order by value), '{}') from history where key = %s"
+# A read takes a transaction ID, so that its commit, and so its answer, waits for a synchronous
+# standby like an append's: PostgreSQL makes a commit visible on the primary before its own wait
+# for a standby ends, and a plain read could see a value that a failover then undoes (CI run
+# 50's history: an append whose answer was lost, seen by a read, gone after a kill -9). A read
+# answered has seen only what a synchronous standby has too.
+READ = "select coalesce(array_agg(value order by value), '{}'), txid_current() from history where key = %s"
 # A synchronous commit whose wait for a standby ends without one (the backend cancelled or
 # terminated, the server shutting down) is committed locally and reported with this warning
 # (in its detail): its durability is not known. (statement_timeout does not end that wait.)
@@ -170,9 +176,10 @@ class History:
                         if op.kind == "append":
                             self._add(op)  # the answer was lost: outcome unknown
                         break
-                    if op.kind == "append" and any(UNREPLICATED in w for w in warned):
-                        self._add(op)  # committed here, not known to be anywhere else
-                        continue
+                    if any(UNREPLICATED in w for w in warned):
+                        if op.kind == "append":
+                            self._add(op)  # committed here, not known to be anywhere else
+                        continue  # a read's: what it saw is not known to be durable
                     op.ret = time.monotonic_ns()
                     if op.kind == "read":
                         op.values = list(row[0]) if row else []
