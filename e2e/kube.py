@@ -78,6 +78,20 @@ def pod_is_ready(pod: Pod) -> bool:
     return any(c.type == "Ready" and c.status == "True" for c in conditions)
 
 
+def wait_pod_replaced(kube: Client, name: str, namespace: str, before: str, timeout: float) -> None:
+    """Until pod `name` is a new one (not uid `before`) and ready."""
+    wait_until(
+        f"{name} made again and ready",
+        lambda: (
+            (p := get_or_none(kube, Pod, name, namespace)) is not None
+            and p.metadata.uid != before
+            and pod_is_ready(p)
+        ),
+        timeout,
+        1,
+    )
+
+
 def get_or_none(kube: Client, resource: Any, name: str, namespace: str) -> Any:
     """The object, or None while it does not exist (e.g. between a pod and its replacement)."""
     try:

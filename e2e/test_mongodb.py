@@ -24,7 +24,15 @@ from lightkube import Client
 from lightkube.resources.core_v1 import Pod, Secret, Service
 from lightkube.types import PatchType
 
-from e2e.kube import apply, get_or_none, pod_is_ready, secret_data, statefleet, wait_reason, wait_until
+from e2e.kube import (
+    apply,
+    get_or_none,
+    secret_data,
+    statefleet,
+    wait_pod_replaced,
+    wait_reason,
+    wait_until,
+)
 from e2e.operator_process import OperatorProcess
 from e2e.test_backup import Backup, Restore, storage, wait_phase
 from framework.binding import ServiceBindingKind
@@ -191,16 +199,7 @@ def test_ferretdb_serves_one_member(
     before = kube.get(Pod, "catalog-0", namespace=namespace).metadata.uid
     only_tls = {"spec": {"tls": {"required": True}}}
     kube.patch(MongoDB, "catalog", only_tls, namespace=namespace, patch_type=PatchType.MERGE)
-    wait_until(
-        "catalog-0 made again and ready",
-        lambda: (
-            (p := get_or_none(kube, Pod, "catalog-0", namespace)) is not None
-            and p.metadata.uid != before
-            and pod_is_ready(p)
-        ),
-        180,
-        1,
-    )
+    wait_pod_replaced(kube, "catalog-0", namespace, before, 180)
     status = wait_ready(kube, namespace, "catalog")
     assert status["endpoints"].get("uri") is None
     assert [port.port for port in kube.get(Service, "catalog", namespace=namespace).spec.ports] == [27018]

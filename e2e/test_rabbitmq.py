@@ -31,6 +31,7 @@ from e2e.kube import (
     pod_is_ready,
     secret_data,
     statefleet,
+    wait_pod_replaced,
     wait_reason,
     wait_until,
 )
@@ -864,16 +865,7 @@ def test_amqp_and_the_management_api_over_tls_then_tls_only(kube: Client, one_no
         patch_type=PatchType.MERGE,
     )
     # The node restarted with the new configuration (a new pod, ready), then the cluster formed.
-    wait_until(
-        "events-0 made again and ready",
-        lambda: (
-            (p := get_or_none(kube, Pod, "events-0", namespace)) is not None
-            and p.metadata.uid != before
-            and pod_is_ready(p)
-        ),
-        240,
-        1,
-    )
+    wait_pod_replaced(kube, "events-0", namespace, before, 240)
     status = wait_formed(kube, namespace, "events", 1, timeout=240)
     assert "amqp" not in status["endpoints"]
     moved = wait_until(
