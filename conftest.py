@@ -13,11 +13,22 @@ import pytest
 from lightkube import Client
 
 from e2e import kube as kube_helpers
-from e2e.namespaces import FAILURES, DeletedNamespaces
+from e2e.namespaces import FAILURES, DeletedNamespaces, worker_name
 from e2e.scheduling import GROUPS_FILE, LongestFirstScheduling, write_groups
 from e2e.timing import RECORDER
 
 TIMED = ("e2e/", "tests/controller/")
+# A failed test's report ends with what its worker's operators (the worker's own, and any the
+# test started) wrote while it ran: a CI run keeps no files.
+OPERATOR_LOG_LINES = 80
+_operator_log_offsets: dict[str, dict[Path, int]] = {}
+
+
+def _operator_logs() -> list[Path]:
+    logs = kube_helpers.REPO / ".testbed" / "logs"
+    return sorted(logs.glob(f"operator-*-{worker_name()}.log")) + sorted(
+        logs.glob(f"operator-*-{worker_name()}-*.log")
+    )
 
 
 @pytest.fixture(scope="session")
@@ -37,7 +48,25 @@ def deleted_namespaces(kube: Client) -> Iterator[DeletedNamespaces]:
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
     RECORDER.begin(item.nodeid)
+    _operator_log_offsets[item.nodeid] = {log: log.stat().st_size for log in _operator_logs()}
     yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    outcome = yield
+    report = outcome.get_result()
+    if not (report.failed and item.nodeid.startswith(TIMED)):
+        return
+    offsets = _operator_log_offsets.get(item.nodeid, {})
+    for log in _operator_logs():
+        with log.open("rb") as lines:
+            lines.seek(offsets.get(log, 0))
+            written = lines.read().decode(errors="replace").splitlines()[-OPERATOR_LOG_LINES:]
+        if written:
+            report.sections.append(
+                (f"{log.name}, its last {len(written)} lines while the test ran", "\n".join(written))
+            )
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:

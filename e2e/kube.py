@@ -9,12 +9,13 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
 from lightkube import Client, KubeConfig
 from lightkube.core.exceptions import ApiError
-from lightkube.resources.core_v1 import Namespace, Pod, Secret
+from lightkube.resources.core_v1 import Event, Namespace, Pod, Secret
 
 from e2e.timing import RECORDER
 
@@ -22,12 +23,17 @@ REPO = Path(__file__).resolve().parent.parent
 T = TypeVar("T")
 
 
-def operator_image() -> tuple[str, str]:
-    """The operator image the test bed built and imported (`make testbed-up` does both):
-    repository and tag."""
+def built_image(recipe: str) -> str:
+    """The reference of an image the test bed built and imported (`make testbed-up` does both),
+    by its recipe's folder name under testbed/images."""
     cache = Path(os.environ.get("STATEFLEET_CACHE") or Path.home() / ".cache" / "statefleet")
-    _archive, ref = (cache / "images" / "operator.current").read_text().split()
-    repository, tag = ref.rsplit(":", 1)
+    _archive, ref = (cache / "images" / f"{recipe}.current").read_text().split()
+    return ref
+
+
+def operator_image() -> tuple[str, str]:
+    """The operator image: repository and tag."""
+    repository, tag = built_image("operator").rsplit(":", 1)
     return repository, tag
 
 
@@ -175,3 +181,24 @@ def wait_reason(
 def secret_data(kube: Client, namespace: str, name: str) -> dict[str, str]:
     secret = kube.get(Secret, name, namespace=namespace)
     return {k: base64.b64decode(v).decode() for k, v in (secret.data or {}).items()}
+
+
+def events(
+    kube: Client, namespace: str, name: str, reason: str, since: datetime | None = None, timeout: float = 30
+) -> list[Event]:
+    """The Events of `reason` about the object `name` (those of `since` or later if given),
+    waited for up to `timeout`: the operator posts an Event after the status write a test saw.
+    Empty when none came."""
+
+    def found() -> list[Event]:
+        return [
+            e
+            for e in kube.list(Event, namespace=namespace, fields={"involvedObject.name": name})
+            if e.reason == reason
+            and (since is None or (e.lastTimestamp or e.eventTime or e.metadata.creationTimestamp) >= since)
+        ]
+
+    deadline = time.monotonic() + timeout
+    while not (matching := found()) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return matching

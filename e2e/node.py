@@ -93,9 +93,11 @@ def block_loopback_port(pod_uid: str, port: int) -> None:
     """Inside the pod's network namespace, connections over loopback to `port` go unanswered
     (its exec probes that connect to 127.0.0.1 time out); its pod IP still answers. The rule
     goes with the namespace when the pod does."""
-    pid = next(pid for pid in pod_processes(pod_uid) if _command(pid)[:1] != ["/pause"])
+    # Entered through the sandbox's pause process, which lives as long as the namespace: any
+    # other may be an exec probe's, ended before nsenter opens /proc/PID/ns/net.
+    pid = next(pid for pid in pod_processes(pod_uid) if _command(pid)[:1] == ["/pause"])
     rule = ["-i", "lo", "-p", "tcp", "--dport", str(port), "-j", "DROP"]
-    subprocess.run(["nsenter", "-t", str(pid), "-n", "iptables", "-I", "INPUT", *rule], check=True)
+    subprocess.run(["nsenter", "-t", str(pid), "-n", "iptables", "-w", "-I", "INPUT", *rule], check=True)
 
 
 def network_policies_enforced() -> bool:

@@ -685,7 +685,13 @@ def test_a_plan_backs_up_on_schedule_verifies_and_prunes(
     assert all(r.to_dict()["spec"].get("pointInTime") for r in tests)  # the archive replayed too
     wal = archive_prefix("apps", namespace, "demo") + "/"
     before = [name for name in wal_files(bucket, wal) if SEGMENT.match(name)]
-    last = status(kube, BackupPlan, namespace, "demo-nightly")["lastVerification"]
+
+    # The plan notes it on its next pass, after the backup's own condition.
+    def noted() -> dict | None:
+        last = status(kube, BackupPlan, namespace, "demo-nightly").get("lastVerification") or {}
+        return last if last.get("backup") == first else None
+
+    last = wait_until("the plan's lastVerification", noted, timeout=60)
     assert (last["backup"], last["result"]) == (first, "Passed")
     # Nothing left its pod in clear: the base backup's pieces and every WAL file are sealed
     # (zstd's own frames would start with 28 b5 2f fd), and the manifest is signed.

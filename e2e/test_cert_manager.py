@@ -14,12 +14,11 @@ from lightkube.resources.core_v1 import Secret, Service
 from lightkube.types import PatchType
 
 from e2e import cert_manager
-from e2e.kube import apply, secret_data, wait_gone, wait_reason, wait_until
+from e2e.kube import apply, events, secret_data, wait_gone, wait_reason, wait_until
 from e2e.operator_process import OperatorProcess
 from e2e.test_postgres import Postgres, create, wait_ready
 from e2e.test_postgres_users import (
     ServiceBinding,
-    events,
     served_certificate,
     verify_full,
 )
@@ -133,9 +132,17 @@ def test_cert_manager_issues_and_renews_the_instance_certificates(
         )
         with verify_full(data, address, root) as conn:  # the same CA: the application's copy still verifies
             assert conn.execute("select 1").fetchone() == (1,)
-        issued = [
-            e for e in events(kube, namespace, "demo", "CertificateIssued") if "cert-manager" in e.message
-        ]
+        # The Event of the renewal, naming the renewed certificate's end.
+        until = renewed.not_valid_after_utc.strftime("%Y-%m-%dT%H:%M:%SZ")
+        issued = wait_until(
+            "the renewal's Event",
+            lambda: [
+                e
+                for e in events(kube, namespace, "demo", "CertificateIssued", timeout=0)
+                if "cert-manager" in e.message and until in e.message
+            ],
+            timeout=60,
+        )
         assert issued
 
         # Deleting the instance takes cert-manager's objects and Secrets with it.

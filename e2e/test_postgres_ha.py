@@ -15,6 +15,7 @@ from lightkube import Client
 from lightkube.resources.core_v1 import Event, Pod
 
 from e2e import node
+from e2e.kube import events as kube_events
 from e2e.kube import wait_until
 from e2e.operator_process import OperatorProcess
 from e2e.test_postgres import Postgres, connect, create, execute, query, wait_ready
@@ -87,15 +88,9 @@ def this_second() -> datetime:
 
 
 def events(kube: Client, namespace: str, reason: str, since: datetime | None = None) -> list[Event]:
-    """The instance's Events of `reason`, those of `since` or later only if given (steps that
-    share an instance see each other's)."""
-    found = kube.list(Event, namespace=namespace, fields={"involvedObject.name": "demo"})
-    return [
-        e
-        for e in found
-        if e.reason == reason
-        and (since is None or (e.lastTimestamp or e.eventTime or e.metadata.creationTimestamp) >= since)
-    ]
+    """The instance's Events of `reason`, waited for (those of `since` or later only if given:
+    steps that share an instance see each other's)."""
+    return kube_events(kube, namespace, "demo", reason, since)
 
 
 def test_a_standby_that_lost_the_wal_it_needs_is_cloned_again(

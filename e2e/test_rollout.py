@@ -189,4 +189,6 @@ def test_the_operator_killed_mid_step_continues_where_it_was(
     assert versions(kube, namespace) == ["2"] * 6
     # Each pod was taken down exactly once: its first incarnation, then the updated one.
     assert {name: len(uids) for name, uids in pod_incarnations.items()} == {f"web-{i}": 2 for i in range(6)}
+    # Events are posted after the status a wait saw.
+    wait_until("its Event", lambda: "RolloutStarted" in event_reasons(kube, namespace), timeout=30)
     assert event_reasons(kube, namespace).count("RolloutStarted") == 1

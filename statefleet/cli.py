@@ -91,14 +91,8 @@ async def run_operator(
     metrics.count_api_requests(client)
     if args.metrics_port:
         metrics.serve(args.metrics_port)
-    elector = None
-    if args.leader_election:
-        timing = Timing(args.lease_duration, args.lease_renew_deadline, args.lease_retry)
-        elector = LeaderElector(client, args.lease_namespace, args.lease_name, args.identity, timing)
-        async with standby_health(args.liveness):
-            await elector.acquire()
-    if args.install_crds:
-        await install_crds(client)
+    # Everything that needs no API comes before the Lease (plugins imported, controllers built):
+    # a standby that takes over only starts its watches, seconds sooner on a busy node.
     network_policies = network_policy_settings(args)
     plugins = load_plugins()
     rollouts = RolloutController(client, in_process_hooks(plugins), args.allowed_destination or IN_CLUSTER)
@@ -118,6 +112,14 @@ async def run_operator(
         # thousand objects (resources, rollouts, StatefulSets, pods) that is memory.
         settings.queueing.idle_timeout = 1.0
 
+    elector = None
+    if args.leader_election:
+        timing = Timing(args.lease_duration, args.lease_renew_deadline, args.lease_retry)
+        elector = LeaderElector(client, args.lease_namespace, args.lease_name, args.identity, timing)
+        async with standby_health(args.liveness):
+            await elector.acquire()
+    if args.install_crds:
+        await install_crds(client)
     resyncs = [
         asyncio.create_task(instances.resync_forever(args.namespace)),
         asyncio.create_task(objects.resync_forever(args.namespace)),

@@ -96,9 +96,9 @@ if ip link show "$BRIDGE" >/dev/null 2>&1; then ip link delete "$BRIDGE"; fi
 for family in iptables ip6tables iptables-legacy ip6tables-legacy; do
   command -v "$family-save" >/dev/null || continue
   rules=$("$family-save" 2>/dev/null || true) # captured: grep -q would cut the pipe short
-  if grep -qE 'KUBE-|CNI-' <<<"$rules"; then
-    say "removing $family rules of kube-proxy, kube-router, the kubelet and CNI"
-    grep -vE 'KUBE-|CNI-' <<<"$rules" | "$family-restore"
+  if grep -qE 'KUBE-|CNI-|statefleet-testbed' <<<"$rules"; then
+    say "removing $family rules of kube-proxy, kube-router, the kubelet, CNI and up.sh"
+    grep -vE 'KUBE-|CNI-|statefleet-testbed' <<<"$rules" | "$family-restore"
   fi
 done
 # kube-router's ipsets (pod addresses; its TMP- sets are left by a swap it did not finish), once

@@ -8,7 +8,8 @@ source "$(dirname "$0")/lib.sh"
 
 [[ $(id -u) == 0 ]] || die "the test bed runs a kubelet and containerd: run it as root"
 [[ -x $REPO/.venv/bin/python ]] || die "no Python venv: run 'make deps'"
-for tool in containerd ctr runc iptables iptables-save ipset openssl debootstrap go gcc; do
+# (mvn, npm: the binding test applications' images are built with the host's toolchains.)
+for tool in containerd ctr runc iptables iptables-save ipset openssl debootstrap go gcc mvn npm; do
   command -v "$tool" >/dev/null || die "$tool missing: run 'make deps' (it installs the Debian packages)"
 done
 [[ -x /usr/lib/cni/bridge && -x /usr/lib/cni/host-local ]] || die "CNI plugins missing: run 'make deps'"
@@ -225,6 +226,14 @@ start_daemon kube-proxy "$KUBE_BIN/kube-proxy" --kubeconfig "$PKI/kube-proxy.kub
   --iptables-localhost-nodeports=false --oom-score-adj 0
 wait_for 90 "node $NODE_NAME Ready" bash -c \
   "[[ \$('$KUBECTL' --kubeconfig '$KUBECONFIG_ADMIN' get node $NODE_NAME -o 'jsonpath={.status.conditions[?(@.type==\"Ready\")].status}') == True ]]"
+
+# A Service address kube-proxy has not translated (a Service made a moment ago, before its next
+# sync) is refused here: sent on, it would leave by the machine's default route, whose gateway
+# may answer anything (an HTTP 400 where a test expected PostgreSQL). down.sh removes the rules.
+for chain in OUTPUT FORWARD; do
+  unserved=(-d "$SERVICE_CIDR" -m comment --comment statefleet-testbed-unserved -j REJECT)
+  iptables -w -C "$chain" "${unserved[@]}" 2>/dev/null || iptables -w -I "$chain" 1 "${unserved[@]}"
+done
 
 # --- NetworkPolicies: kube-router enforces them on the node, as a firewall only (the bridge
 # routes, kube-proxy serves the Services). Its chains (KUBE-ROUTER-*, KUBE-POD-FW-*,
