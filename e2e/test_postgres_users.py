@@ -19,13 +19,14 @@ import pytest
 from cryptography import x509
 from lightkube import Client
 from lightkube.models.meta_v1 import ObjectMeta
-from lightkube.resources.core_v1 import Event, Pod, Secret, Service
+from lightkube.resources.core_v1 import Pod, Secret, Service
 from lightkube.resources.networking_v1 import NetworkPolicy
 from lightkube.types import PatchType
 
 from e2e import node
 from e2e.kube import (
     apply,
+    events,
     get_or_none,
     pod_logs,
     ready_condition,
@@ -86,11 +87,6 @@ def demo(kube: Client, namespace: str, operator: OperatorProcess) -> str:
     return "demo"
 
 
-def events(kube: Client, namespace: str, name: str, reason: str) -> list[Event]:
-    found = kube.list(Event, namespace=namespace, fields={"involvedObject.name": name})
-    return [e for e in found if e.reason == reason]
-
-
 def test_a_binding_waits_for_its_instance_then_hands_out_its_own_credentials(
     kube: Client, namespace: str, operator: OperatorProcess, request: pytest.FixtureRequest
 ) -> None:
@@ -119,7 +115,7 @@ def test_a_binding_waits_for_its_instance_then_hands_out_its_own_credentials(
         "database": "orders-db",
     }
     assert data["uri"].startswith("postgresql://orders-db:")
-    assert data["uri"].endswith(f"@demo-rw.{namespace}.svc:5432/orders-db")
+    assert data["uri"].endswith(f"@demo-rw.{namespace}.svc:5432/orders-db?sslmode=verify-full")
     body = kube.get(ServiceBinding, "orders-db", namespace=namespace).to_dict()
     assert body["status"]["binding"] == {"name": "orders-db"}  # servicebinding.io Provisioned Service
     # The application works in its own database with what the Secret says.
@@ -322,7 +318,8 @@ def test_tls_verify_full_with_the_binding_ca_and_a_renewed_certificate(
     wait_reason(kube, ServiceBinding, namespace, "app", "Bound", timeout=120)
     data = secret_data(kube, namespace, "app")
     assert data["sslmode"] == "verify-full"
-    assert data["ca.crt"] == data["sslrootcert"]
+    assert data["sslrootcert"] == "ca.crt"
+    assert data["ca.crt"] == data["root.crt"]
     root = tmp_path / "ca.crt"
     root.write_text(data["ca.crt"])
     address = kube.get(Service, "demo-rw", namespace=namespace).spec.clusterIP

@@ -593,6 +593,7 @@ def test_users_vhosts_permissions_and_a_binding(kube: Client, one_node: str) -> 
         f"amqps://orders:{quote(bound['password'], safe='')}@events.{namespace}.svc:5671/orders"
     )
     assert (bound["username"], bound["virtual-host"], bound["port"]) == ("orders", "orders", "5671")
+    assert bound["addresses"] == f"amqps://events.{namespace}.svc:5671"
     # As the application connects: amqps, the server verified by name with the binding's CA.
     with login_tls(kube, namespace, bound) as connection:
         channel = connection.channel()

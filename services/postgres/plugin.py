@@ -175,9 +175,11 @@ class PostgresBindings(Bindings):
         meta, status = service["metadata"], user["status"]
         host = f"{meta['name']}-rw.{meta['namespace']}.svc"
         username, database, password = status["role"], status["database"], credentials["password"]
-        # libpq and the servicebinding.io libraries (Spring Cloud Bindings...) verify the server
-        # with the CA: `sslrootcert` names the file the application mounts.
-        tls = {"ca.crt": ca, "sslrootcert": ca, "sslmode": "verify-full"} if ca else {}
+        # The CA under the names the servicebinding.io libraries read: `sslrootcert` is a file
+        # name that Spring Cloud Bindings joins to the binding's folder, `root.crt` what
+        # kube-service-bindings hands node-postgres. The uri alone verifies too (libpq's default
+        # root certificate, or the application's).
+        tls = {"ca.crt": ca, "root.crt": ca, "sslrootcert": "ca.crt", "sslmode": "verify-full"} if ca else {}
         return {
             **tls,
             "type": "postgresql",
@@ -187,7 +189,8 @@ class PostgresBindings(Bindings):
             "username": username,
             "password": password,
             "database": database,
-            "uri": f"postgresql://{quote(username)}:{quote(password, safe='')}@{host}:5432/{quote(database)}",
+            "uri": f"postgresql://{quote(username)}:{quote(password, safe='')}@{host}:5432/{quote(database)}"
+            + ("?sslmode=verify-full" if ca else ""),
         }
 
 

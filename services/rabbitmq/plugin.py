@@ -208,6 +208,8 @@ class RabbitMQBindings(Bindings):
             "virtual-host": vhost,
             "uri": f"amqps://{quote(username, safe='')}:{quote(password, safe='')}@{host}:{AMQPS_PORT}/"
             + quote(vhost, safe=""),
+            # Spring Boot's spring.rabbitmq.addresses, whose amqps scheme turns TLS on.
+            "addresses": f"amqps://{host}:{AMQPS_PORT}",
         }
 
 

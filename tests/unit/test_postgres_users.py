@@ -128,7 +128,16 @@ def test_the_binding_secret_is_laid_out_as_servicebinding_io_expects() -> None:
         "uri": "postgresql://orders-db:p%40ss%2Fword@demo-rw.apps.svc:5432/orders-db",
     }
     with_tls = PLUGIN.bindings.secret_data(service, user, {"password": "p@ss/word"}, "PEM")
-    assert with_tls == {**data, "ca.crt": "PEM", "sslrootcert": "PEM", "sslmode": "verify-full"}
+    # Spring Cloud Bindings joins `sslrootcert` to the binding's folder; kube-service-bindings
+    # hands `root.crt` to node-postgres.
+    assert with_tls == {
+        **data,
+        "ca.crt": "PEM",
+        "root.crt": "PEM",
+        "sslrootcert": "ca.crt",
+        "sslmode": "verify-full",
+        "uri": "postgresql://orders-db:p%40ss%2Fword@demo-rw.apps.svc:5432/orders-db?sslmode=verify-full",
+    }
 
 
 def test_memberships_that_would_hand_out_a_superusers_powers_are_refused() -> None:

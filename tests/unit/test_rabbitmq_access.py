@@ -151,6 +151,7 @@ def test_binding_data_is_a_servicebinding_io_rabbitmq_secret() -> None:
         "password": "p@ss/word",
         "virtual-host": "orders",
         "uri": "amqps://orders:p%40ss%2Fword@events.apps.svc:5671/orders",
+        "addresses": "amqps://events.apps.svc:5671",
     }
     assert PLUGIN.bindings.user_spec("orders", "events") == {"instance": "events", "ownVhost": True}
 
