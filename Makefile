@@ -13,7 +13,8 @@ E2E_WORKERS ?= 2
 
 # Debian packages the test bed and the tests need.
 DEBIAN_PACKAGES := containerd runc containernetworking-plugins debootstrap iptables conntrack \
-	iproute2 openssl curl ca-certificates gcc libc6-dev python3-venv postgresql-client shellcheck zstd ipset
+	iproute2 openssl curl ca-certificates gcc libc6-dev python3-venv postgresql-client shellcheck zstd ipset \
+	maven openjdk-17-jdk-headless nodejs
 
 .PHONY: help
 help: ## list the targets
@@ -31,6 +32,8 @@ debian-packages:
 	  echo "installing Debian packages: $$missing"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
 	fi
+	@# npm: Debian's, unless the Node.js installed brings its own.
+	@command -v npm >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends npm >/dev/null; }
 
 $(VENV)/.installed: pyproject.toml
 	@test -x $(PY) || python3 -m venv $(VENV)
@@ -54,7 +57,8 @@ demo: testbed-up ## bring the test bed up and run the demo
 lint: deps ## ruff check and format check, shellcheck
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	shellcheck -x -S warning testbed/*.sh testbed/images/build.sh testbed/images/*/rootfs/usr/local/bin/*.sh .ci/run
+	shellcheck -x -S warning testbed/*.sh testbed/images/build.sh testbed/images/*/rootfs/usr/local/bin/*.sh \
+	  e2e/apps/*/build.sh .ci/run
 
 .PHONY: unit
 unit: deps ## unit tests (no cluster)

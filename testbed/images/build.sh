@@ -12,6 +12,9 @@ IMAGES_SRC=$TESTBED_SRC/images
 IMAGES_OUT=$CACHE/images
 ROOTFS_CACHE=$CACHE/rootfs
 mkdir -p "$IMAGES_OUT" "$ROOTFS_CACHE"
+# Builds sharing this cache take turns (a test bed starting while an image is built by hand).
+exec 9>"$IMAGES_OUT/.lock"
+flock 9
 # What a killed build left: its chroot's mounts first, then its folders.
 for stale in "$IMAGES_OUT"/.build-* "$ROOTFS_CACHE"/.debootstrap-*; do
   [[ -e $stale ]] || continue
@@ -35,6 +38,7 @@ base_rootfs() {
     command -v debootstrap >/dev/null || die "debootstrap missing (make deps installs it)"
     local dir
     dir=$(mktemp -d "$ROOTFS_CACHE/.debootstrap-$suite.XXXX")
+    chmod 0755 "$dir" # it becomes the image's /
     log "debootstrap $suite (about a minute)"
     debootstrap --variant=minbase --include=ca-certificates "$suite" "$dir" "$(debian_mirror)" >"$dir.log" 2>&1 ||
       die "debootstrap $suite failed: see $dir.log"
@@ -66,6 +70,7 @@ trap cleanup EXIT
 build_debian_rootfs() {
   local src=$1 rootfs=$2
   tar --numeric-owner --xattrs --xattrs-include='*' -C "$rootfs" -xf "$(base_rootfs "$SUITE")"
+  chmod 0755 "$rootfs" # the base tar keeps its mktemp folder's 0700: no other user could reach /
   local mirror
   mirror=$(debian_mirror)
   printf 'deb %s %s main\ndeb %s %s-updates main\n' "$mirror" "$SUITE" "$mirror" "$SUITE" >"$rootfs/etc/apt/sources.list"
@@ -75,6 +80,16 @@ build_debian_rootfs() {
   [[ -d $src/rootfs ]] && cp -a "$src/rootfs/." "$rootfs/"
   cp "$src/install.sh" "$rootfs/tmp/install.sh"
   [[ -n ${EXTRA_CONTEXT:-} ]] && cp -a "$EXTRA_CONTEXT" "$rootfs/tmp/context"
+  if [[ -n ${HOST_BUILD:-} ]]; then
+    # An application built on the host (its toolchain, the registries' caches) from a copy of
+    # its sources; its build.sh writes what the image needs into the chroot's /tmp/context.
+    local sources=$rootfs/../sources
+    mkdir -p "$sources" "$rootfs/tmp/context"
+    tar -C "$REPO/$HOST_BUILD" --exclude=./node_modules --exclude=./target -cf - . | tar -C "$sources" -xf -
+    (cd "$sources" && STATEFLEET_CACHE=$CACHE bash ./build.sh "$rootfs/tmp/context") >"$rootfs/../host-build.log" 2>&1 ||
+      die "building $HOST_BUILD on the host failed: $(tail -n 30 "$rootfs/../host-build.log")"
+    rm -rf "$sources"
+  fi
   mount -t proc proc "$rootfs/proc" && CHROOT_MOUNTS+=("$rootfs/proc")
   # The host's trust store and package index settings, for the build only (/tmp is emptied):
   # the machine may reach the registries through a proxy with its own CA.
@@ -121,14 +136,15 @@ build_static_rootfs() {
 build_image() {
   local name=$1 src=$IMAGES_SRC/$1
   [[ -f $src/image.conf ]] || die "no image recipe $src/image.conf"
-  local REF KIND SUITE STATIC_PROGRAM EXTRA_CONTEXT="" RECIPE=$1 BUILD_ARGS="" PAUSE_VERSION=3.10.2 BASE="" CODE_PATHS=""
+  local REF KIND SUITE STATIC_PROGRAM EXTRA_CONTEXT="" RECIPE=$1 BUILD_ARGS="" PAUSE_VERSION=3.10.2 BASE="" CODE_PATHS="" HOST_BUILD=""
   # shellcheck source=/dev/null
   source "$src/image.conf"
   local recipe=$IMAGES_SRC/$RECIPE base_archive=""
   local hash_inputs=("$IMAGES_SRC/build.sh" "$IMAGES_SRC/pack.py") file code=()
-  for file in $CODE_PATHS; do code+=("$REPO/$file"); done
+  for file in $CODE_PATHS $HOST_BUILD; do code+=("$REPO/$file"); done
   while IFS= read -r file; do hash_inputs+=("$file"); done < <(
-    find "$src" "$recipe" ${EXTRA_CONTEXT:+"$EXTRA_CONTEXT"} "${code[@]}" -type f -not -path '*/__pycache__/*' | sort
+    find "$src" "$recipe" ${EXTRA_CONTEXT:+"$EXTRA_CONTEXT"} "${code[@]}" -type f -not -path '*/__pycache__/*' \
+      -not -path '*/node_modules/*' -not -path '*/target/*' | sort
   )
   [[ $KIND == static && $STATIC_PROGRAM == coredns ]] && hash_inputs+=("$COREDNS_BIN/.stamp")
   [[ $KIND == static && $STATIC_PROGRAM == ferretdb ]] && hash_inputs+=("$FERRETDB_BIN/.stamp")
