@@ -10,4 +10,7 @@ export GOMODCACHE=$cache/mod GOCACHE=$cache/build CGO_ENABLED=0 GOTOOLCHAIN=loca
 go=$(command -v go || echo /usr/local/go/bin/go)
 mkdir -p "$out"
 cd "$(dirname "${BASH_SOURCE[0]}")"
+# Its unit tests (binding selection, the error kinds) first: a wrong kind would fail the e2e
+# test for the wrong reason.
+"$go" test -mod=readonly -buildvcs=false ./...
 "$go" build -mod=readonly -buildvcs=false -trimpath -ldflags='-s -w' -o "$out/binding-app" .
